@@ -1,0 +1,70 @@
+/* keel.h -- the public API of libkeel, a memory allocator for database servers.
+ *
+ * libkeel replaces the C allocator (malloc, free, ... and C++ operator new/delete) when
+ * preloaded (LD_PRELOAD=libkeel.so) or linked. This header declares only what Keel adds
+ * on top of the standard API: statistics and control. Everything here is safe to call
+ * from any thread at any time after the first allocation.
+ */
+#ifndef KEEL_H
+#define KEEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define KEEL_API __attribute__((visibility("default")))
+#else
+#define KEEL_API
+#endif
+
+#define KEEL_VERSION_MAJOR 0
+#define KEEL_VERSION_MINOR 1
+#define KEEL_VERSION_PATCH 0
+
+/* Version of the running library as "major.minor.patch". */
+KEEL_API const char* keel_version(void);
+
+/* Statistics. The struct is versioned: callers set `size` to sizeof(keel_stats_t)
+ * (and Keel fills only what both sides know), so a program built against an older
+ * header keeps working with a newer library. All byte figures are in bytes. */
+#define KEEL_STATS_VERSION 1
+typedef struct keel_stats_s {
+  uint32_t version;        /* set by Keel: KEEL_STATS_VERSION */
+  uint32_t size;           /* set by the caller: sizeof(keel_stats_t) */
+  uint64_t allocated;      /* live bytes handed to the program (usable sizes) */
+  uint64_t active;         /* bytes in slabs and spans that hold live blocks */
+  uint64_t cached;         /* free blocks held in thread caches and central lists */
+  uint64_t mapped;         /* address space Keel has mapped for blocks, committed or not */
+  uint64_t committed;      /* of `mapped`, bytes not returned to the OS (upper bound of RSS) */
+  uint64_t retained;       /* of `mapped`, bytes returned to the OS but kept reserved */
+  uint64_t metadata;       /* bytes used by Keel's own bookkeeping */
+  uint64_t huge_allocated; /* live bytes in blocks mapped directly */
+  uint64_t purged_bytes;   /* total bytes returned to the OS so far */
+  uint64_t purge_runs;     /* number of purge passes that returned memory */
+  uint64_t threads;        /* threads that currently own a Keel thread cache */
+  uint64_t threads_total;  /* thread caches ever created */
+  uint64_t os_page_size;   /* page size read from the OS at start-up */
+  uint64_t huge_page_size; /* transparent huge page size Keel assumes (0: none) */
+} keel_stats_t;
+
+/* Fills *out (out->size must be set). Returns 0, or -1 if out is NULL or too small. */
+KEEL_API int keel_stats_get(keel_stats_t* out);
+
+/* Writes a human-readable summary to file descriptor fd (no stdio is used). */
+KEEL_API void keel_stats_print(int fd);
+
+/* Returns free memory to the OS now (what the purge timer would do later).
+ * Returns the number of bytes released. */
+KEEL_API size_t keel_purge(void);
+
+/* Flushes the calling thread's cache of free blocks back to the shared lists. */
+KEEL_API void keel_thread_flush(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KEEL_H */

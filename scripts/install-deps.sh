@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs everything Keel's build, tests and lab need on a fresh Debian 12 machine.
+# Idempotent: packages already present are skipped by apt; the venv is reused.
+# Usage: scripts/install-deps.sh [--no-servers]
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+
+build_pkgs=(build-essential cmake ninja-build pkg-config valgrind clang
+            libclang-rt-14-dev python3-venv python3-pip)
+# The allocators we compare against, exactly as Debian ships them.
+alloc_pkgs=(libjemalloc2 libjemalloc-dev libtcmalloc-minimal4 libgoogle-perftools4
+            libmimalloc2.0)
+# Real servers and their load generators, for the override tests and the lab.
+server_pkgs=(redis-server redis-tools mariadb-server mariadb-client sysbench
+             postgresql postgresql-contrib python3 procps psmisc)
+
+want=("${build_pkgs[@]}" "${alloc_pkgs[@]}")
+[[ "${1:-}" == "--no-servers" ]] || want+=("${server_pkgs[@]}")
+
+missing=()
+for p in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo_cmd=""
+  [[ $(id -u) -eq 0 ]] || sudo_cmd="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo_cmd apt-get update -qq
+  # policy-rc.d stops Debian's postinst from starting the servers system-wide:
+  # Keel's scripts start their own throw-away instances on 127.0.0.1.
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\nexit 101\n' | $sudo_cmd tee /usr/sbin/policy-rc.d >/dev/null
+    $sudo_cmd chmod +x /usr/sbin/policy-rc.d
+    trap '$sudo_cmd rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
+  $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+echo "install-deps: system packages ready (${#missing[@]} installed now)"

@@ -1,0 +1,239 @@
+/* malloc.c -- the C allocation API (glibc semantics), mapped onto Keel's core.
+ *
+ * malloc and free have a fast path each: a thread cache pop or push, no lock, no atomic
+ * read-modify-write, and one unlikely branch to a noinline slow path. Everything else
+ * (first use in a thread, empty or full bins, large and huge blocks, errors) is there. */
+#include "core/internal.h"
+
+#define API __attribute__((visibility("default")))
+
+/* ---- allocation -------------------------------------------------------------------- */
+
+static void* alloc_class(unsigned cls) {
+  keel_tcache_t* t = _keel_tc;
+  keel_bin_t* b = &t->bins[cls];
+  void** p = (void**)b->head;
+  if (KEEL_LIKELY(p != NULL)) {
+    b->head = p[0];
+    b->avail++;
+    p[1] = NULL;
+    return p;
+  }
+  return _keel_tcache_alloc_slow(t, cls);
+}
+
+static void* enomem(void) {
+  _keel_prim_set_errno(_keel_prim_errno_enomem());
+  return NULL;
+}
+
+/* Any size, any alignment <= 16; zero: the caller needs zeroed memory. */
+static KEEL_NOINLINE void* alloc_slow(size_t n, bool zero) {
+  keel_ensure_init();
+  if (n <= KEEL_CLASS_MAX) {
+    void* p = alloc_class(keel_size_class(n ? n : 1));
+    if (zero && p) memset(p, 0, n);
+    return p;
+  }
+  if (n <= KEEL_LARGE_MAX) return _keel_large_alloc(n, 0, zero);
+  if (n > KEEL_MAX_ALLOC) return enomem();
+  return _keel_huge_alloc(n, 0, zero);
+}
+
+/* Fast path: about a dozen instructions for sizes 1..1024 when the bin has a block. */
+API void* malloc(size_t n) {
+  size_t m = n - 1;
+  if (KEEL_LIKELY(m < KEEL_SMALL_MAX)) {
+    keel_tcache_t* t = _keel_tc;
+    keel_bin_t* b = &t->bins[(m >> 4) + 1];
+    void** p = (void**)b->head;
+    if (KEEL_LIKELY(p != NULL)) {
+      b->head = p[0];
+      b->avail++;
+      p[1] = NULL; /* clear the double-free key */
+      return p;
+    }
+  }
+  return alloc_slow(n, false);
+}
+
+API void* calloc(size_t count, size_t size) {
+  size_t n;
+  if (KEEL_UNLIKELY(__builtin_mul_overflow(count, size, &n))) return enomem();
+  if (n <= KEEL_SMALL_MAX && n > 0) {
+    void* p = malloc(n);
+    if (p) memset(p, 0, n);
+    return p;
+  }
+  return alloc_slow(n, true);
+}
+
+/* Alignment is a power of two > 16. Small classes whose size is a multiple of the
+ * alignment hold only aligned blocks (slabs start on 64 KiB boundaries). */
+static void* alloc_aligned(size_t align, size_t n) {
+  keel_ensure_init();
+  if (n == 0) n = 1;
+  if (n > KEEL_MAX_ALLOC) return enomem();
+  size_t rounded = (n + align - 1) & ~(align - 1);
+  if (align <= KEEL_UNIT_SIZE && rounded <= KEEL_CLASS_MAX) {
+    unsigned cls = keel_size_class(rounded);
+    while (cls < KEEL_NUM_CLASSES && _keel_classes[cls].size % align != 0) cls++;
+    if (cls < KEEL_NUM_CLASSES) return alloc_class(cls);
+  }
+  if (n <= KEEL_LARGE_MAX && align <= KEEL_CHUNK_SIZE / 2)
+    return _keel_large_alloc(n > KEEL_CLASS_MAX ? n : KEEL_CLASS_MAX + 1, align, false);
+  return _keel_huge_alloc(n, align, false);
+}
+
+static bool is_pow2(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
+
+/* glibc 2.36 memalign: alignments up to 16 are plain malloc; others are rounded up to
+ * a power of two; absurd alignments fail with EINVAL. aligned_alloc is the same. */
+API void* memalign(size_t align, size_t n) {
+  if (align <= 16) return malloc(n);
+  if (align > ((size_t)1 << (sizeof(size_t) * 8 - 1))) {
+    _keel_prim_set_errno(_keel_prim_errno_einval());
+    return NULL;
+  }
+  if (!is_pow2(align)) align = (size_t)1 << (64 - __builtin_clzll((unsigned long long)align));
+  return alloc_aligned(align, n);
+}
+
+API void* aligned_alloc(size_t align, size_t n) { return memalign(align, n); }
+
+API int posix_memalign(void** out, size_t align, size_t n) {
+  if (align % sizeof(void*) != 0 || !is_pow2(align)) return _keel_prim_errno_einval();
+  void* p = align <= 16 ? malloc(n) : alloc_aligned(align, n);
+  if (p == NULL) return _keel_prim_errno_enomem();
+  *out = p;
+  return 0;
+}
+
+API void* valloc(size_t n) {
+  keel_ensure_init();
+  return memalign(_keel_page_size, n);
+}
+
+API void* pvalloc(size_t n) {
+  keel_ensure_init();
+  size_t page = _keel_page_size;
+  if (n > SIZE_MAX - page) return enomem();
+  return memalign(page, n ? (n + page - 1) & ~(page - 1) : page);
+}
+
+/* ---- free -------------------------------------------------------------------------- */
+
+static KEEL_NOINLINE void free_slow(void* p, const char* call) {
+  if (p == NULL) return;
+  uint8_t kind = keel_pagemap_get(p);
+  if (kind >= 1 && kind < KEEL_NUM_CLASSES) {
+    unsigned cls = kind;
+    if (((uintptr_t)p & 15) != 0) {
+      bool exact;
+      _keel_block_start(cls, p, &exact);
+      if (!exact) _keel_misuse(call, "invalid pointer", p, ": not the start of a block", _keel_classes[cls].size);
+    }
+    keel_tcache_t* t = _keel_tc;
+    if (((uintptr_t*)p)[1] == (uintptr_t)t && t != &_keel_tc_empty &&
+        (_keel_tcache_contains(t, cls, p) || _keel_central_is_free(cls, p)))
+      _keel_misuse(call, "double free of pointer", p, NULL, _keel_classes[cls].size);
+    _keel_tcache_free_slow(t, p, cls);
+    return;
+  }
+  switch (kind) {
+    case KEEL_KIND_LARGE:
+      _keel_large_free(p, call);
+      return;
+    case KEEL_KIND_HUGE:
+      if (_keel_huge_free(p)) return;
+      break;
+    case KEEL_KIND_FREED:
+      _keel_misuse(call, "double free of pointer", p, NULL, 0);
+    default:
+      break;
+  }
+  _keel_misuse(call, "invalid pointer", p, ": not allocated by keel", 0);
+}
+
+/* Fast path: the page map gives the size class; the block is pushed on the thread's bin.
+ * The second word of a freed block holds the freeing thread's cache address, so freeing
+ * it again from the same thread is noticed here and proven in the slow path. */
+API void free(void* p) {
+  uintptr_t a = (uintptr_t)p;
+  uint8_t* leaf = _keel_pagemap_top[(a >> (KEEL_UNIT_SHIFT + KEEL_PAGEMAP_LEAF_BITS)) &
+                                    ((1u << KEEL_PAGEMAP_TOP_BITS) - 1)];
+  if (KEEL_LIKELY(leaf != NULL)) {
+    unsigned cls = leaf[(a >> KEEL_UNIT_SHIFT) & ((1u << KEEL_PAGEMAP_LEAF_BITS) - 1)];
+    keel_tcache_t* t = _keel_tc;
+    if (KEEL_LIKELY((int8_t)cls > 0 && (a & 15) == 0 && ((uintptr_t*)p)[1] != (uintptr_t)t)) {
+      keel_bin_t* b = &t->bins[cls];
+      if (KEEL_LIKELY(b->avail != 0)) {
+        ((void**)p)[0] = b->head;
+        ((uintptr_t*)p)[1] = (uintptr_t)t;
+        b->head = p;
+        b->avail--;
+        return;
+      }
+    }
+  }
+  free_slow(p, "free");
+}
+
+API void cfree(void* p) { free(p); }
+API void free_sized(void* p, size_t size) { (void)size; free(p); }
+API void free_aligned_sized(void* p, size_t align, size_t size) {
+  (void)align;
+  (void)size;
+  free(p);
+}
+
+/* ---- sizes and realloc ------------------------------------------------------------- */
+
+/* Usable size of a live block; reports misuse for a pointer Keel did not hand out. */
+static size_t usable_size(const void* p, const char* call) {
+  uint8_t kind = keel_pagemap_get(p);
+  if (kind >= 1 && kind < KEEL_NUM_CLASSES) return _keel_classes[kind].size;
+  size_t n = 0;
+  if (kind == KEEL_KIND_LARGE) n = _keel_large_usable(p);
+  else if (kind == KEEL_KIND_HUGE) n = _keel_huge_usable(p);
+  if (n == 0) {
+    if (kind == KEEL_KIND_FREED) _keel_misuse(call, "use of freed pointer", p, NULL, 0);
+    _keel_misuse(call, "invalid pointer", p, ": not allocated by keel", 0);
+  }
+  return n;
+}
+
+API size_t malloc_usable_size(void* p) { return p ? usable_size(p, "malloc_usable_size") : 0; }
+
+API void* realloc(void* p, size_t n) {
+  if (p == NULL) return malloc(n);
+  if (n == 0) { /* glibc: frees and returns NULL */
+    free(p);
+    return NULL;
+  }
+  if (n > KEEL_MAX_ALLOC) return enomem();
+  uint8_t kind = keel_pagemap_get(p);
+  size_t old = usable_size(p, "realloc");
+  if (kind < KEEL_NUM_CLASSES) {
+    if (((uintptr_t)p & 15) != 0) _keel_misuse("realloc", "invalid pointer", p, ": not the start of a block", old);
+    /* Same block if it fits and shrinking would not free at least half of it. */
+    if (n <= old && n >= old / 2) return p;
+  } else if (kind == KEEL_KIND_LARGE) {
+    void* q = _keel_large_realloc(p, n);
+    if (q) return q;
+  } else if (kind == KEEL_KIND_HUGE && n > KEEL_LARGE_MAX) {
+    void* q = _keel_huge_realloc(p, n);
+    if (q) return q;
+  }
+  void* q = malloc(n);
+  if (q == NULL) return NULL;
+  memcpy(q, p, old < n ? old : n);
+  free(p);
+  return q;
+}
+
+API void* reallocarray(void* p, size_t count, size_t size) {
+  size_t n;
+  if (__builtin_mul_overflow(count, size, &n)) return enomem();
+  return realloc(p, n);
+}

@@ -1,0 +1,238 @@
+/* central.c -- the shared free lists, one per size class.
+ *
+ * Thread caches exchange blocks with a central list in batches. Whole batches park in
+ * the transfer cache, so a batch freed by one thread is handed to another in O(1)
+ * (producer/consumer patterns never touch the slabs). Otherwise blocks go back to their
+ * slab's free bitmap: that bitmap is the ground truth that proves a double free, finds
+ * interior pointers, and lets an empty slab return to the page heap at once. */
+#include "core/internal.h"
+
+keel_central_t _keel_central[KEEL_NUM_CLASSES];
+
+static inline void* slab_base(keel_chunk_t* c, keel_slab_t* head) {
+  return keel_unit_addr(c, (unsigned)(head - c->units));
+}
+
+static void partial_push(keel_central_t* cl, keel_slab_t* s) {
+  s->prev = NULL;
+  s->next = cl->partial;
+  if (s->next) s->next->prev = s;
+  cl->partial = s;
+  s->in_partial = 1;
+}
+
+static void partial_remove(keel_central_t* cl, keel_slab_t* s) {
+  if (s->prev) s->prev->next = s->next;
+  else cl->partial = s->next;
+  if (s->next) s->next->prev = s->prev;
+  s->next = s->prev = NULL;
+  s->in_partial = 0;
+}
+
+static keel_slab_t* slab_new(unsigned cls) {
+  const keel_class_t* k = &_keel_classes[cls];
+  bool zeroed;
+  keel_slab_t* s = _keel_pageheap_alloc(k->units, 1, &zeroed);
+  if (s == NULL) return NULL;
+  keel_chunk_t* c = keel_chunk_of(s);
+  if (!_keel_pagemap_set((uintptr_t)slab_base(c, s), k->units, (uint8_t)cls)) {
+    _keel_pageheap_free(s);
+    return NULL;
+  }
+  s->state = KEEL_UNIT_SLAB;
+  s->cls = (uint8_t)cls;
+  s->used = 0;
+  s->scan = 0;
+  unsigned words = (k->count + 63) / 64;
+  for (unsigned w = 0; w < words; w++) s->free_bits[w] = ~(uint64_t)0;
+  if (k->count % 64) s->free_bits[words - 1] = ((uint64_t)1 << (k->count % 64)) - 1;
+  _keel_central[cls].slabs++;
+  return s;
+}
+
+static void slab_release(unsigned cls, keel_slab_t* s) {
+  keel_chunk_t* c = keel_chunk_of(s);
+  _keel_pagemap_set((uintptr_t)slab_base(c, s), s->units, KEEL_KIND_NONE);
+  _keel_central[cls].slabs--;
+  _keel_pageheap_free(s);
+}
+
+/* Moves up to `want` free blocks of slab s onto the list tail *tail; returns how many. */
+static uint32_t slab_take(keel_slab_t* s, unsigned cls, uint32_t want, void*** tail) {
+  const keel_class_t* k = &_keel_classes[cls];
+  char* base = (char*)slab_base(keel_chunk_of(s), s);
+  unsigned words = (k->count + 63) / 64;
+  uint32_t got = 0;
+  unsigned w = s->scan;
+  for (; w < words && got < want; w++) {
+    uint64_t bits = s->free_bits[w];
+    while (bits && got < want) {
+      unsigned b = (unsigned)__builtin_ctzll(bits);
+      bits &= bits - 1;
+      void** obj = (void**)(base + ((size_t)w * 64 + b) * k->size);
+      **tail = obj;
+      *tail = (void**)obj;
+      got++;
+    }
+    s->free_bits[w] = bits;
+    if (bits) break;
+  }
+  s->scan = w;
+  s->used += got;
+  return got;
+}
+
+void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
+  keel_central_t* cl = &_keel_central[cls];
+  const keel_class_t* k = &_keel_classes[cls];
+  keel_lock(&cl->lock);
+  if (cl->nbatches > 0 && want >= k->batch) {
+    void* list = cl->batches[--cl->nbatches];
+    keel_unlock(&cl->lock);
+    *got = k->batch;
+    return list;
+  }
+  void* head = NULL;
+  void** tail = (void**)&head;
+  uint32_t n = 0;
+  while (n < want) {
+    keel_slab_t* s = cl->partial;
+    if (s == NULL) {
+      s = slab_new(cls);
+      if (s == NULL) break;
+      partial_push(cl, s);
+    }
+    n += slab_take(s, cls, want - n, &tail);
+    if (s->used == k->count) partial_remove(cl, s);
+  }
+  *tail = NULL;
+  cl->out += n;
+  keel_unlock(&cl->lock);
+  *got = n;
+  return head;
+}
+
+/* Index of block p in its slab, or -1 if p is not the start of a block. */
+static long block_index(unsigned cls, keel_slab_t* head, const void* p) {
+  const keel_class_t* k = &_keel_classes[cls];
+  uintptr_t off = (uintptr_t)p - (uintptr_t)slab_base(keel_chunk_of(head), head);
+  uint64_t idx = ((uint64_t)off * k->div_magic) >> 40;
+  if (idx >= k->count || idx * k->size != off) return -1;
+  return (long)idx;
+}
+
+static keel_slab_t* slab_of(const void* p) {
+  keel_chunk_t* c = keel_chunk_of(p);
+  return keel_span_head(c, keel_unit_index(p));
+}
+
+void* _keel_block_start(unsigned cls, const void* p, bool* exact) {
+  keel_slab_t* s = slab_of(p);
+  const keel_class_t* k = &_keel_classes[cls];
+  uintptr_t base = (uintptr_t)slab_base(keel_chunk_of(s), s);
+  uint64_t idx = ((uint64_t)((uintptr_t)p - base) * k->div_magic) >> 40;
+  void* start = (void*)(base + idx * k->size);
+  *exact = (start == p) && idx < k->count;
+  return start;
+}
+
+/* Returns block p to its slab; the central lock of cls is held. */
+static void slab_put(keel_central_t* cl, unsigned cls, void* p) {
+  const keel_class_t* k = &_keel_classes[cls];
+  keel_slab_t* s = slab_of(p);
+  long idx = s->state == KEEL_UNIT_SLAB && s->cls == cls ? block_index(cls, s, p) : -1;
+  if (idx < 0) {
+    keel_unlock(&cl->lock);
+    _keel_misuse("free", "invalid pointer", p, ": not the start of a block", k->size);
+  }
+  uint64_t bit = (uint64_t)1 << (idx % 64);
+  if (s->free_bits[idx / 64] & bit) {
+    keel_unlock(&cl->lock);
+    _keel_misuse("free", "double free of pointer", p, NULL, k->size);
+  }
+  s->free_bits[idx / 64] |= bit;
+  if ((uint32_t)(idx / 64) < s->scan) s->scan = (uint32_t)(idx / 64);
+  s->used--;
+  cl->out--;
+  if (s->used == 0) {
+    /* Keep a lone empty slab: releasing it would make a class that is used a little
+     * at a time create and destroy the same slab over and over. */
+    if (s->in_partial && (s->prev != NULL || s->next != NULL)) {
+      partial_remove(cl, s);
+      slab_release(cls, s);
+      return;
+    }
+    if (!s->in_partial && cl->partial != NULL) {
+      slab_release(cls, s);
+      return;
+    }
+  }
+  if (!s->in_partial) partial_push(cl, s);
+}
+
+void _keel_central_give(unsigned cls, void* list, uint32_t n) {
+  keel_central_t* cl = &_keel_central[cls];
+  const keel_class_t* k = &_keel_classes[cls];
+  keel_lock(&cl->lock);
+  if (n == k->batch && cl->nbatches < k->transfer_max) {
+    cl->batches[cl->nbatches++] = list;
+    keel_unlock(&cl->lock);
+    return;
+  }
+  while (list != NULL) {
+    void* next = *(void**)list;
+    slab_put(cl, cls, list);
+    list = next;
+  }
+  keel_unlock(&cl->lock);
+}
+
+bool _keel_central_is_free(unsigned cls, void* p) {
+  keel_central_t* cl = &_keel_central[cls];
+  keel_lock(&cl->lock);
+  keel_slab_t* s = slab_of(p);
+  bool is_free = false;
+  if (s->state == KEEL_UNIT_SLAB && s->cls == cls) {
+    long idx = block_index(cls, s, p);
+    if (idx >= 0) is_free = (s->free_bits[idx / 64] >> (idx % 64)) & 1;
+  }
+  for (uint32_t b = 0; b < cl->nbatches && !is_free; b++)
+    for (void* q = cl->batches[b]; q != NULL && !is_free; q = *(void**)q) is_free = (q == p);
+  keel_unlock(&cl->lock);
+  return is_free;
+}
+
+void _keel_central_drain_all(void) {
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
+    keel_central_t* cl = &_keel_central[cls];
+    keel_lock(&cl->lock);
+    while (cl->nbatches > 0) {
+      void* list = cl->batches[--cl->nbatches];
+      while (list != NULL) {
+        void* next = *(void**)list;
+        slab_put(cl, cls, list);
+        list = next;
+      }
+    }
+    /* An empty slab kept to avoid churn is released too. */
+    keel_slab_t* next;
+    for (keel_slab_t* s = cl->partial; s != NULL; s = next) {
+      next = s->next;
+      if (s->used == 0) {
+        partial_remove(cl, s);
+        slab_release(cls, s);
+      }
+    }
+    keel_unlock(&cl->lock);
+  }
+}
+
+void _keel_central_lock_all(void) {
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) keel_lock(&_keel_central[cls].lock);
+}
+void _keel_central_unlock_all(void) {
+  for (unsigned cls = KEEL_NUM_CLASSES - 1; cls >= 1; cls--) keel_unlock(&_keel_central[cls].lock);
+}
+void _keel_central_reset_locks(void) {
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) keel_lock_reset(&_keel_central[cls].lock);
+}

@@ -1,0 +1,241 @@
+/* huge.c -- blocks above KEEL_LARGE_MAX, each in its own mapping.
+ *
+ * Their descriptors live in a hash table keyed by address, not in a header before the
+ * block: any alignment works, and a stray pointer never makes Keel read unmapped
+ * memory. Freed mappings are kept (committed) in a small cache for the purge delay,
+ * because a program that allocates big buffers tends to do so again soon, and a fresh
+ * mapping costs a page fault per page. realloc uses mremap: no copy. */
+#include "core/internal.h"
+
+typedef struct huge_entry_s {
+  uintptr_t addr; /* 0: empty slot */
+  size_t size;    /* usable bytes (mapping size) */
+} huge_entry_t;
+
+#define CACHE_SLOTS 8
+typedef struct cached_map_s {
+  void* addr;
+  size_t size;
+  uint64_t freed_ms;
+} cached_map_t;
+
+static keel_lock_t huge_lock = KEEL_LOCK_INIT;
+static huge_entry_t* table;
+static size_t table_cap;  /* power of two */
+static size_t table_used;
+static cached_map_t cache[CACHE_SLOTS];
+static size_t cache_count;
+static uint64_t live_bytes, cached_bytes, huge_purged;
+
+static size_t slot_of(uintptr_t a, size_t cap) {
+  uint64_t h = (uint64_t)a * 0x9E3779B97F4A7C15ull;
+  return (size_t)(h >> 32) & (cap - 1);
+}
+
+static bool table_grow(void) {
+  size_t cap = table_cap ? table_cap * 2 : 256;
+  size_t bytes = cap * sizeof(huge_entry_t);
+  huge_entry_t* t = (huge_entry_t*)_keel_prim_map((bytes + _keel_page_size - 1) & ~(_keel_page_size - 1), 0, NULL);
+  if (t == NULL) return false;
+  for (size_t i = 0; i < table_cap; i++) {
+    if (table[i].addr == 0) continue;
+    size_t j = slot_of(table[i].addr, cap);
+    while (t[j].addr != 0) j = (j + 1) & (cap - 1);
+    t[j] = table[i];
+  }
+  if (table) _keel_prim_unmap(table, (table_cap * sizeof(huge_entry_t) + _keel_page_size - 1) & ~(_keel_page_size - 1));
+  table = t;
+  table_cap = cap;
+  return true;
+}
+
+static huge_entry_t* table_find(uintptr_t a) {
+  if (table_cap == 0) return NULL;
+  for (size_t j = slot_of(a, table_cap);; j = (j + 1) & (table_cap - 1)) {
+    if (table[j].addr == a) return &table[j];
+    if (table[j].addr == 0) return NULL;
+  }
+}
+
+static bool table_insert(uintptr_t a, size_t size) {
+  if ((table_used + 1) * 4 > table_cap * 3 && !table_grow()) return false;
+  size_t j = slot_of(a, table_cap);
+  while (table[j].addr != 0) j = (j + 1) & (table_cap - 1);
+  table[j].addr = a;
+  table[j].size = size;
+  table_used++;
+  return true;
+}
+
+/* Linear-probing delete by moving later entries back into the hole. */
+static void table_remove(huge_entry_t* e) {
+  size_t i = (size_t)(e - table), mask = table_cap - 1;
+  table[i].addr = 0;
+  table_used--;
+  for (size_t j = (i + 1) & mask; table[j].addr != 0; j = (j + 1) & mask) {
+    size_t home = slot_of(table[j].addr, table_cap);
+    bool movable = (i <= j) ? (home <= i || home > j) : (home <= i && home > j);
+    if (movable) {
+      table[i] = table[j];
+      table[j].addr = 0;
+      i = j;
+    }
+  }
+}
+
+static size_t round_pages(size_t n) { return (n + _keel_page_size - 1) & ~(_keel_page_size - 1); }
+
+/* Takes the smallest cached mapping that fits `size` without wasting more than a
+ * quarter of it; trims the excess. Lock held. */
+static void* cache_take(size_t size) {
+  size_t best = CACHE_SLOTS;
+  for (size_t i = 0; i < cache_count; i++)
+    if (cache[i].size >= size && cache[i].size - size <= size / 4 &&
+        (best == CACHE_SLOTS || cache[i].size < cache[best].size))
+      best = i;
+  if (best == CACHE_SLOTS) return NULL;
+  cached_map_t m = cache[best];
+  cache[best] = cache[--cache_count];
+  cached_bytes -= m.size;
+  if (m.size > size) _keel_prim_unmap((char*)m.addr + size, m.size - size);
+  return m.addr;
+}
+
+void* _keel_huge_alloc(size_t size, size_t align, bool zero) {
+  size_t bytes = round_pages(size);
+  if (bytes < size) goto oom;
+  void* p = NULL;
+  bool fresh = true;
+  keel_lock(&huge_lock);
+  if (align <= _keel_page_size && (p = cache_take(bytes)) != NULL) fresh = false;
+  keel_unlock(&huge_lock);
+  if (p == NULL) p = _keel_prim_map(bytes, align, NULL);
+  if (p == NULL) goto oom;
+  keel_lock(&huge_lock);
+  bool ok = table_insert((uintptr_t)p, bytes) && _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_HUGE);
+  if (ok) live_bytes += bytes;
+  else if (table_find((uintptr_t)p)) table_remove(table_find((uintptr_t)p));
+  keel_unlock(&huge_lock);
+  if (!ok) {
+    _keel_prim_unmap(p, bytes);
+    goto oom;
+  }
+  if (zero && !fresh) memset(p, 0, size);
+  return p;
+oom:
+  _keel_prim_set_errno(_keel_prim_errno_enomem());
+  return NULL;
+}
+
+bool _keel_huge_free(void* p) {
+  keel_lock(&huge_lock);
+  huge_entry_t* e = table_find((uintptr_t)p);
+  if (e == NULL) {
+    keel_unlock(&huge_lock);
+    return false;
+  }
+  size_t size = e->size;
+  table_remove(e);
+  live_bytes -= size;
+  _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_FREED);
+  cached_map_t evict = {NULL, 0, 0};
+  if (_keel_options.purge_delay_ms > 0) {
+    if (cache_count == CACHE_SLOTS) { /* evict the oldest */
+      size_t old = 0;
+      for (size_t i = 1; i < cache_count; i++)
+        if (cache[i].freed_ms < cache[old].freed_ms) old = i;
+      evict = cache[old];
+      cache[old] = cache[--cache_count];
+      cached_bytes -= evict.size;
+    }
+    cache[cache_count++] = (cached_map_t){p, size, _keel_prim_clock_ms()};
+    cached_bytes += size;
+  } else {
+    evict = (cached_map_t){p, size, 0};
+  }
+  keel_unlock(&huge_lock);
+  if (evict.addr) {
+    _keel_prim_unmap(evict.addr, evict.size);
+    __atomic_fetch_add(&huge_purged, evict.size, __ATOMIC_RELAXED);
+  }
+  return true;
+}
+
+size_t _keel_huge_usable(const void* p) {
+  keel_lock(&huge_lock);
+  huge_entry_t* e = table_find((uintptr_t)p);
+  size_t n = e ? e->size : 0;
+  keel_unlock(&huge_lock);
+  return n;
+}
+
+void* _keel_huge_realloc(void* p, size_t size) {
+  size_t bytes = round_pages(size);
+  if (bytes < size) return NULL;
+  keel_lock(&huge_lock);
+  huge_entry_t* e = table_find((uintptr_t)p);
+  if (e == NULL) {
+    keel_unlock(&huge_lock);
+    _keel_misuse("realloc", "invalid pointer", p, ": not allocated by keel", 0);
+  }
+  size_t old = e->size;
+  if (bytes <= old && bytes >= old / 2) { /* shrinking a little: keep it as it is */
+    keel_unlock(&huge_lock);
+    return p;
+  }
+  void* q = _keel_prim_remap(p, old, bytes, true);
+  if (q == NULL) {
+    keel_unlock(&huge_lock);
+    return NULL;
+  }
+  table_remove(table_find((uintptr_t)p));
+  _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_NONE);
+  if (!table_insert((uintptr_t)q, bytes) || !_keel_pagemap_set((uintptr_t)q, 1, KEEL_KIND_HUGE))
+    _keel_fatal_internal(__FILE__, __LINE__, "out of memory for huge block metadata");
+  live_bytes += bytes - old;
+  keel_unlock(&huge_lock);
+  return q;
+}
+
+/* Unmaps cached mappings older than the purge delay (all if `all`). */
+size_t _keel_huge_purge(bool all) {
+  cached_map_t out[CACHE_SLOTS];
+  size_t n = 0, released = 0;
+  uint64_t now = _keel_prim_clock_ms();
+  keel_lock(&huge_lock);
+  for (size_t i = 0; i < cache_count;) {
+    if (all || now - cache[i].freed_ms >= _keel_options.purge_delay_ms) {
+      out[n++] = cache[i];
+      cached_bytes -= cache[i].size;
+      cache[i] = cache[--cache_count];
+    } else {
+      i++;
+    }
+  }
+  keel_unlock(&huge_lock);
+  for (size_t i = 0; i < n; i++) {
+    _keel_prim_unmap(out[i].addr, out[i].size);
+    released += out[i].size;
+  }
+  __atomic_fetch_add(&huge_purged, released, __ATOMIC_RELAXED);
+  return released;
+}
+
+bool _keel_huge_cache_pending(void) { return __atomic_load_n(&cached_bytes, __ATOMIC_RELAXED) != 0; }
+
+void _keel_huge_lock_all(void) { keel_lock(&huge_lock); }
+void _keel_huge_unlock_all(void) { keel_unlock(&huge_lock); }
+void _keel_huge_reset_locks(void) { keel_lock_reset(&huge_lock); }
+
+void _keel_huge_stats(keel_stats_t* out) {
+  keel_lock(&huge_lock);
+  out->huge_allocated += live_bytes;
+  out->allocated += live_bytes;
+  out->active += live_bytes;
+  out->mapped += live_bytes + cached_bytes;
+  out->committed += live_bytes + cached_bytes;
+  out->cached += cached_bytes;
+  out->metadata += table_cap * sizeof(huge_entry_t);
+  out->purged_bytes += huge_purged;
+  keel_unlock(&huge_lock);
+}

@@ -1,0 +1,103 @@
+/* init.c -- process life cycle: start-up, fork, exit, and the background purger.
+ *
+ * Keel may be called before its constructor runs (by the dynamic loader or by other
+ * libraries' constructors), so everything needed to allocate is set up lazily by the
+ * first slow-path call (_keel_init). The constructor adds what may itself allocate or
+ * must not run inside the loader: fork handlers. */
+#include "core/internal.h"
+
+bool _keel_ready;
+size_t _keel_page_size = 4096;
+static _Atomic int init_state; /* 0 not started, 1 running, 2 done */
+static bool constructed;       /* our constructor ran: safe to create threads */
+
+void _keel_init(void) {
+  int expected = 0;
+  if (atomic_compare_exchange_strong(&init_state, &expected, 1)) {
+    _keel_page_size = _keel_prim_page_size();
+    if (_keel_page_size > KEEL_UNIT_SIZE)
+      _keel_fatal_internal(__FILE__, __LINE__, "OS page size larger than 64 KiB is not supported");
+    _keel_options_init();
+    _keel_classes_init();
+    atomic_store(&init_state, 2);
+    __atomic_store_n(&_keel_ready, true, __ATOMIC_RELEASE);
+    return;
+  }
+  while (atomic_load(&init_state) != 2) _keel_prim_yield();
+}
+
+/* ---- fork: every lock is taken before fork and released (parent) or reset (child),
+ * so the child never inherits a lock held by a thread that does not exist there. The
+ * order is the global lock order: registry, central (by class), page heap, huge,
+ * page map leaves, metadata. */
+void _keel_pagemap_lock_all(void);
+void _keel_pagemap_unlock_all(void);
+void _keel_pagemap_reset_locks(void);
+
+static void fork_prepare(void) {
+  if (!_keel_ready) return;
+  _keel_tcache_lock_all();
+  _keel_central_lock_all();
+  _keel_pageheap_lock_all();
+  _keel_huge_lock_all();
+  _keel_pagemap_lock_all();
+  _keel_meta_lock_all();
+}
+
+static void fork_parent(void) {
+  if (!_keel_ready) return;
+  _keel_meta_unlock_all();
+  _keel_pagemap_unlock_all();
+  _keel_huge_unlock_all();
+  _keel_pageheap_unlock_all();
+  _keel_central_unlock_all();
+  _keel_tcache_unlock_all();
+}
+
+static _Atomic int background_state; /* 0 not started, 1 starting/running */
+
+static void fork_child(void) {
+  if (!_keel_ready) return;
+  _keel_meta_reset_locks();
+  _keel_pagemap_reset_locks();
+  _keel_huge_reset_locks();
+  _keel_pageheap_reset_locks();
+  _keel_central_reset_locks();
+  _keel_tcache_after_fork_child();
+  atomic_store(&background_state, 0); /* the purger thread did not survive the fork */
+}
+
+/* ---- background purging: memory freed for longer than the purge delay goes back to
+ * the OS even if the program never calls malloc again (an idle server after a burst).
+ * The thread is started on first need, from a slow path holding no lock. */
+uint64_t _keel_pageheap_dirty_bytes(void);
+bool _keel_huge_cache_pending(void);
+
+static void* purger_main(void* arg) {
+  (void)arg;
+  for (;;) {
+    uint64_t delay = _keel_options.purge_delay_ms;
+    _keel_prim_sleep_ms(delay < 40 ? 10 : delay / 4);
+    if (_keel_pageheap_dirty_bytes() != 0) _keel_pageheap_maybe_purge();
+    if (_keel_huge_cache_pending()) _keel_huge_purge(false);
+  }
+  return NULL;
+}
+
+void _keel_background_maybe_start(void) {
+  if (KEEL_LIKELY(atomic_load_explicit(&background_state, memory_order_relaxed) != 0)) return;
+  if (!constructed || !_keel_options.background_purge) return;
+  int expected = 0;
+  if (!atomic_compare_exchange_strong(&background_state, &expected, 1)) return;
+  if (!_keel_prim_thread_start(purger_main, NULL)) atomic_store(&background_state, 2);
+}
+
+__attribute__((constructor(101))) static void keel_process_init(void) {
+  _keel_init();
+  _keel_prim_atfork(fork_prepare, fork_parent, fork_child);
+  constructed = true;
+}
+
+__attribute__((destructor(101))) static void keel_process_exit(void) {
+  if (_keel_options.stats_at_exit) _keel_stats_at_exit();
+}

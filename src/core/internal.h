@@ -1,0 +1,298 @@
+/* internal.h -- Keel's core data structures and the functions the core files share.
+ * Read docs/design.md first: it explains the layers and how these structures fit.
+ *
+ *   address space:  chunk (4 MiB, aligned) = 64 units of 64 KiB; unit 0 is the header
+ *   small blocks:   slab = 1..16 units holding blocks of one size class
+ *   large blocks:   span of units holding one block (up to KEEL_LARGE_MAX)
+ *   huge blocks:    their own mapping, described out of line (huge.c)
+ *   lookup:         pagemap: one byte per unit = size class, or a KEEL_KIND_* tag
+ */
+#ifndef KEEL_INTERNAL_H
+#define KEEL_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/lock.h"
+#include "keel.h"
+#include "platform/prim.h"
+
+#define KEEL_NOINLINE __attribute__((noinline))
+#define KEEL_COLD __attribute__((cold, noinline))
+#define KEEL_LIKELY(x) __builtin_expect(!!(x), 1)
+#define KEEL_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define KEEL_INTERNAL __attribute__((visibility("hidden")))
+
+#if KEEL_DEBUG >= 1
+#define keel_assert(cond) \
+  ((cond) ? (void)0 : _keel_fatal_internal(__FILE__, __LINE__, #cond))
+#else
+#define keel_assert(cond) ((void)0)
+#endif
+
+/* ---- geometry ------------------------------------------------------------------------
+ * The unit is fixed at 64 KiB whatever the OS page size (4, 16 or 64 KiB): it is the
+ * largest page size Linux uses, so a unit can always be purged on its own, and nothing
+ * in Keel is sized by the huge page size. */
+#define KEEL_UNIT_SHIFT 16
+#define KEEL_UNIT_SIZE ((size_t)1 << KEEL_UNIT_SHIFT)
+#define KEEL_CHUNK_SHIFT 22
+#define KEEL_CHUNK_SIZE ((size_t)1 << KEEL_CHUNK_SHIFT)
+#define KEEL_CHUNK_UNITS (KEEL_CHUNK_SIZE / KEEL_UNIT_SIZE) /* 64 */
+#define KEEL_CHUNK_MASK (KEEL_CHUNK_SIZE - 1)
+
+#define KEEL_SMALL_MAX 1024              /* sizes served by the table-free fast path */
+#define KEEL_CLASS_MAX ((size_t)128 << 10) /* largest size class */
+#define KEEL_NUM_CLASSES 121              /* classes 1..120; 0 means "not a class" */
+#define KEEL_LARGE_MAX ((size_t)1 << 20)  /* larger blocks get their own mapping */
+#define KEEL_SLAB_MAX_OBJECTS 4096        /* 64 KiB of 16-byte blocks */
+#define KEEL_MAX_ALLOC ((size_t)PTRDIFF_MAX - (64u << 20)) /* larger requests: ENOMEM */
+
+/* Page map tags (values above the size classes). A byte >= 0x80 reads as negative as
+ * int8_t, which is how the free fast path sends every non-class unit to the slow path. */
+#define KEEL_KIND_NONE 0x00       /* not Keel's, or inside a block: never a valid pointer */
+#define KEEL_KIND_LARGE 0x80      /* first unit of a live large block */
+#define KEEL_KIND_HUGE 0x81       /* first unit of a live huge block */
+#define KEEL_KIND_FREED 0x82      /* first unit of a large/huge block that was freed */
+
+/* ---- size classes (size_class.c) ------------------------------------------------------ */
+typedef struct keel_class_s {
+  uint32_t size;       /* block size in bytes */
+  uint32_t count;      /* blocks per slab */
+  uint16_t units;      /* slab length in units */
+  uint16_t batch;      /* blocks moved between a thread cache and the central list at once */
+  uint32_t bin_limit;  /* most blocks one thread cache bin may hold */
+  uint32_t transfer_max; /* most full batches the central transfer cache keeps */
+  uint64_t div_magic;  /* (offset * div_magic) >> 40 == offset / size for slab offsets */
+} keel_class_t;
+
+extern keel_class_t _keel_classes[KEEL_NUM_CLASSES] KEEL_INTERNAL;
+void _keel_classes_init(void) KEEL_INTERNAL;
+
+/* Class of a request of n bytes, 1 <= n <= KEEL_CLASS_MAX. */
+static inline unsigned keel_size_class(size_t n) {
+  if (n <= KEEL_SMALL_MAX) return (unsigned)((n - 1) >> 4) + 1; /* 16-byte steps */
+  /* Eight classes per doubling above 1 KiB: at most 12.5 % of a block is slack. */
+  unsigned b = 63u - (unsigned)__builtin_clzll((unsigned long long)(n - 1)); /* 2^b < n <= 2^(b+1) */
+  unsigned step = b - 3;
+  return 65u + (b - 10u) * 8u + (unsigned)((n - 1 - ((size_t)1 << b)) >> step);
+}
+
+/* ---- chunks, slabs and spans (pageheap.c, central.c) ---------------------------------- */
+enum { KEEL_UNIT_FREE = 0, KEEL_UNIT_SLAB = 1, KEEL_UNIT_LARGE = 2 };
+
+/* Describes one unit of a chunk. For a span (slab or large block) the head unit's entry
+ * describes the whole span; the others only point back to the head. */
+typedef struct keel_slab_s {
+  struct keel_slab_s* next; /* central partial list of the class */
+  struct keel_slab_s* prev;
+  uint8_t state;     /* KEEL_UNIT_* */
+  uint8_t cls;       /* size class of a slab */
+  uint8_t head;      /* unit index of the span's head */
+  uint8_t units;     /* span length (head only) */
+  uint8_t in_partial;
+  uint8_t zeroed;    /* large: the span was clean (all zero) when handed out */
+  uint32_t used;     /* slab: blocks out of the slab (live or in a cache) */
+  uint32_t scan;     /* slab: first bitmap word that may have a free bit */
+  uint32_t pad;
+  uint64_t size;     /* large: usable size; free head: ms timestamp when freed */
+  uint64_t free_bits[KEEL_SLAB_MAX_OBJECTS / 64]; /* slab: bit set = block free in slab */
+} keel_slab_t;
+
+#define KEEL_CHUNK_MAGIC 0x4b45454c43484e4bull /* "KEELCHNK" */
+
+typedef struct keel_chunk_s {
+  uint64_t magic;
+  struct keel_chunk_s* next; /* page heap list of chunks with the same longest free run */
+  struct keel_chunk_s* prev;
+  uint64_t free_mask;  /* bit u: unit u is free */
+  uint64_t dirty_mask; /* bit u: free unit u may still hold committed pages */
+  uint32_t run;        /* longest run of free units (the list it is on) */
+  uint32_t pad;
+  keel_slab_t units[KEEL_CHUNK_UNITS];
+} keel_chunk_t;
+
+_Static_assert(sizeof(keel_chunk_t) <= KEEL_UNIT_SIZE, "chunk header must fit in unit 0");
+
+static inline keel_chunk_t* keel_chunk_of(const void* p) {
+  return (keel_chunk_t*)((uintptr_t)p & ~(uintptr_t)KEEL_CHUNK_MASK);
+}
+static inline unsigned keel_unit_index(const void* p) {
+  return (unsigned)(((uintptr_t)p >> KEEL_UNIT_SHIFT) & (KEEL_CHUNK_UNITS - 1));
+}
+static inline void* keel_unit_addr(keel_chunk_t* c, unsigned unit) {
+  return (char*)c + ((size_t)unit << KEEL_UNIT_SHIFT);
+}
+static inline keel_slab_t* keel_span_head(keel_chunk_t* c, unsigned unit) {
+  return &c->units[c->units[unit].head];
+}
+
+/* pageheap.c: spans of units, purging. Callers hold no central lock order violation:
+ * lock order is central -> pageheap -> meta. */
+keel_slab_t* _keel_pageheap_alloc(size_t units, size_t align_units, bool* zeroed) KEEL_INTERNAL;
+void _keel_pageheap_free(keel_slab_t* head) KEEL_INTERNAL;
+bool _keel_pageheap_grow_in_place(keel_slab_t* head, size_t units) KEEL_INTERNAL;
+void _keel_pageheap_shrink(keel_slab_t* head, size_t units) KEEL_INTERNAL;
+size_t _keel_pageheap_purge(bool all) KEEL_INTERNAL; /* returns bytes released */
+void _keel_pageheap_maybe_purge(void) KEEL_INTERNAL; /* purge what the delay allows */
+void _keel_pageheap_lock_all(void) KEEL_INTERNAL;
+void _keel_pageheap_unlock_all(void) KEEL_INTERNAL;
+void _keel_pageheap_reset_locks(void) KEEL_INTERNAL;
+void _keel_pageheap_stats(keel_stats_t* out) KEEL_INTERNAL;
+
+/* ---- page map (pagemap.c) -------------------------------------------------------------
+ * Two levels: a static top array indexed by 1 GiB regions, and leaves of one byte per
+ * 64 KiB unit allocated when a region first holds Keel memory. Read without locks. */
+#define KEEL_PAGEMAP_TOP_BITS 18 /* 48-bit address space / 1 GiB */
+#define KEEL_PAGEMAP_LEAF_BITS 14
+extern uint8_t* _keel_pagemap_top[1u << KEEL_PAGEMAP_TOP_BITS] KEEL_INTERNAL;
+
+static inline uint8_t* keel_pagemap_slot(uintptr_t a) {
+  uint8_t* leaf = __atomic_load_n(
+      &_keel_pagemap_top[(a >> (KEEL_UNIT_SHIFT + KEEL_PAGEMAP_LEAF_BITS)) &
+                         ((1u << KEEL_PAGEMAP_TOP_BITS) - 1)],
+      __ATOMIC_ACQUIRE);
+  return leaf ? &leaf[(a >> KEEL_UNIT_SHIFT) & ((1u << KEEL_PAGEMAP_LEAF_BITS) - 1)] : NULL;
+}
+static inline uint8_t keel_pagemap_get(const void* p) {
+  uint8_t* s = keel_pagemap_slot((uintptr_t)p);
+  return s ? __atomic_load_n(s, __ATOMIC_RELAXED) : KEEL_KIND_NONE;
+}
+/* Sets `units` consecutive entries from address a; false if a leaf could not be mapped. */
+bool _keel_pagemap_set(uintptr_t a, size_t units, uint8_t value) KEEL_INTERNAL;
+
+/* ---- metadata (meta.c) ------------------------------------------------------------- */
+void* _keel_meta_alloc(size_t size) KEEL_INTERNAL; /* zeroed, 64-byte aligned; NULL if OOM */
+void _keel_meta_lock_all(void) KEEL_INTERNAL;
+void _keel_meta_unlock_all(void) KEEL_INTERNAL;
+void _keel_meta_reset_locks(void) KEEL_INTERNAL;
+uint64_t _keel_meta_bytes(void) KEEL_INTERNAL;
+
+/* ---- central free lists (central.c) ----------------------------------------------------
+ * One per size class: a transfer cache of whole batches (O(1) hand-over between threads)
+ * in front of the slabs that still have free blocks. */
+#define KEEL_TRANSFER_SLOTS 16
+typedef struct keel_central_s {
+  keel_lock_t lock;
+  uint32_t nbatches;
+  keel_slab_t* partial; /* slabs with free blocks */
+  void* batches[KEEL_TRANSFER_SLOTS]; /* each a NULL-terminated list of `batch` blocks */
+  uint64_t slabs;       /* slabs of this class */
+  uint64_t out;         /* blocks out of slabs: live, or in a cache */
+} __attribute__((aligned(64))) keel_central_t;
+
+extern keel_central_t _keel_central[KEEL_NUM_CLASSES] KEEL_INTERNAL;
+
+/* Takes up to `want` blocks of class cls; returns a NULL-terminated list and sets *got.
+ * NULL (and *got 0) when memory is exhausted. */
+void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) KEEL_INTERNAL;
+/* Gives back a NULL-terminated list of n blocks of class cls. */
+void _keel_central_give(unsigned cls, void* list, uint32_t n) KEEL_INTERNAL;
+/* True if block p (of class cls) is free in its slab: proves a double free. */
+bool _keel_central_is_free(unsigned cls, void* p) KEEL_INTERNAL;
+/* Returns the transfer caches' batches to their slabs so empty slabs can be released. */
+void _keel_central_drain_all(void) KEEL_INTERNAL;
+void _keel_central_lock_all(void) KEEL_INTERNAL;
+void _keel_central_unlock_all(void) KEEL_INTERNAL;
+void _keel_central_reset_locks(void) KEEL_INTERNAL;
+/* Block start for a pointer into a slab of class cls; sets *exact if p is that start. */
+void* _keel_block_start(unsigned cls, const void* p, bool* exact) KEEL_INTERNAL;
+
+/* ---- large and huge blocks (huge.c and pageheap.c) ----------------------------------- */
+void* _keel_large_alloc(size_t size, size_t align, bool zero) KEEL_INTERNAL;
+void _keel_large_free(void* p, const char* call) KEEL_INTERNAL;
+size_t _keel_large_usable(const void* p) KEEL_INTERNAL;
+void* _keel_large_realloc(void* p, size_t size) KEEL_INTERNAL; /* NULL: caller copies */
+
+void* _keel_huge_alloc(size_t size, size_t align, bool zero) KEEL_INTERNAL;
+bool _keel_huge_free(void* p) KEEL_INTERNAL;               /* false: not a live huge block */
+size_t _keel_huge_usable(const void* p) KEEL_INTERNAL;      /* 0: not a live huge block */
+void* _keel_huge_realloc(void* p, size_t size) KEEL_INTERNAL; /* NULL: caller falls back */
+size_t _keel_huge_purge(bool all) KEEL_INTERNAL;
+void _keel_huge_lock_all(void) KEEL_INTERNAL;
+void _keel_huge_unlock_all(void) KEEL_INTERNAL;
+void _keel_huge_reset_locks(void) KEEL_INTERNAL;
+void _keel_huge_stats(keel_stats_t* out) KEEL_INTERNAL;
+
+/* ---- thread caches (tcache.c) --------------------------------------------------------
+ * A bin is a singly linked list of free blocks threaded through their first word.
+ * `avail` is how many more blocks the bin may take before it must give some back:
+ * count = max - avail. Fast paths touch only `head` and `avail`. */
+typedef struct keel_bin_s {
+  void* head;
+  uint32_t avail;
+  uint32_t max;
+} keel_bin_t;
+
+typedef struct keel_tcache_s {
+  keel_bin_t bins[KEEL_NUM_CLASSES]; /* bins[0] never used */
+  struct keel_tcache_s* next;        /* registry of live caches */
+  struct keel_tcache_s* prev;
+  size_t max_bytes;                  /* sum over bins of max * block size */
+  uint64_t refills;                  /* slow-path statistics, owner-written */
+  uint64_t flushes;
+} keel_tcache_t;
+
+/* The calling thread's cache. Threads start on the empty cache, whose bins are all empty
+ * with no room, so their first malloc and free take the slow path, which sets them up. */
+extern _Thread_local keel_tcache_t* _keel_tc KEEL_INTERNAL;
+extern keel_tcache_t _keel_tc_empty KEEL_INTERNAL;
+
+void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls) KEEL_INTERNAL;
+void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) KEEL_INTERNAL;
+void _keel_tcache_flush(keel_tcache_t* t) KEEL_INTERNAL;
+void _keel_tcache_thread_flush(void) KEEL_INTERNAL;
+/* Double-free suspicion (the block carries the freeing thread's key): returns true if p
+ * is really free already. */
+bool _keel_tcache_contains(keel_tcache_t* t, unsigned cls, void* p) KEEL_INTERNAL;
+void _keel_tcache_lock_all(void) KEEL_INTERNAL;
+void _keel_tcache_unlock_all(void) KEEL_INTERNAL;
+void _keel_tcache_after_fork_child(void) KEEL_INTERNAL;
+void _keel_tcache_stats(keel_stats_t* out, uint64_t* cached_bytes) KEEL_INTERNAL;
+
+/* ---- options (options.c) -------------------------------------------------------------- */
+typedef struct keel_options_s {
+  uint64_t purge_delay_ms;  /* KEEL_PURGE_DELAY: free memory is returned after this long */
+  uint64_t tcache_bytes;    /* KEEL_TCACHE_MAX: most bytes one thread cache may hold */
+  uint64_t huge_page_size;  /* KEEL_HUGE_PAGE_SIZE: override what the OS reports */
+  bool stats_at_exit;       /* KEEL_STATS */
+  bool background_purge;    /* KEEL_BACKGROUND_PURGE: a helper thread purges on a timer */
+} keel_options_t;
+
+extern keel_options_t _keel_options KEEL_INTERNAL;
+void _keel_options_init(void) KEEL_INTERNAL;
+
+/* ---- process life cycle (init.c) ------------------------------------------------------ */
+extern bool _keel_ready KEEL_INTERNAL; /* process state set up (page size, classes, options) */
+void _keel_init(void) KEEL_INTERNAL;   /* idempotent; cheap after the first call */
+static inline void keel_ensure_init(void) {
+  if (KEEL_UNLIKELY(!__atomic_load_n(&_keel_ready, __ATOMIC_ACQUIRE))) _keel_init();
+}
+extern size_t _keel_page_size KEEL_INTERNAL;
+void _keel_background_maybe_start(void) KEEL_INTERNAL;
+
+/* ---- errors (report.c) ---------------------------------------------------------------- */
+/* Prints one line "keel: CALL(): WHAT pointer 0x...DETAIL" and aborts. */
+_Noreturn void _keel_misuse(const char* call, const char* what, const void* p,
+                            const char* detail, size_t size) KEEL_INTERNAL KEEL_COLD;
+_Noreturn void _keel_fatal_internal(const char* file, int line, const char* what) KEEL_INTERNAL
+    KEEL_COLD;
+void _keel_warn(const char* msg, const char* value) KEEL_INTERNAL;
+
+/* A tiny formatter over a fixed buffer (no stdio, no allocation). */
+typedef struct keel_buf_s {
+  char* p;
+  size_t len, cap;
+} keel_buf_t;
+void _keel_buf_str(keel_buf_t* b, const char* s) KEEL_INTERNAL;
+void _keel_buf_u64(keel_buf_t* b, uint64_t v) KEEL_INTERNAL;
+void _keel_buf_hex(keel_buf_t* b, uint64_t v) KEEL_INTERNAL;
+void _keel_buf_pad(keel_buf_t* b, size_t col) KEEL_INTERNAL;
+
+/* ---- statistics (stats.c) ------------------------------------------------------------- */
+void _keel_stats_collect(keel_stats_t* out) KEEL_INTERNAL;
+void _keel_stats_at_exit(void) KEEL_INTERNAL;
+
+#endif /* KEEL_INTERNAL_H */

@@ -1,0 +1,272 @@
+/* pageheap.c -- spans of 64 KiB units inside 4 MiB chunks, and purging.
+ *
+ * Chunks sit on one of 64 lists by their longest run of free units; a request for n
+ * units takes the chunk on the shortest list that fits (best fit by run length), which
+ * keeps free space in long runs and packs live data into few chunks. Freed units stay
+ * committed ("dirty") for the purge delay so that churn reuses them without page faults;
+ * after that they are given back to the OS, and a chunk that is wholly free is unmapped.
+ * One lock guards everything here; it is taken only on slab and large-block changes. */
+#include "core/internal.h"
+
+static keel_lock_t heap_lock = KEEL_LOCK_INIT;
+static keel_chunk_t* by_run[KEEL_CHUNK_UNITS]; /* chunks by longest free run */
+static uint64_t chunk_count;
+static uint64_t dirty_units;      /* free units that may hold committed pages */
+static uint64_t clean_free_units; /* free units known to hold no pages */
+static uint64_t large_units;      /* units holding large blocks */
+static uint64_t slab_units;       /* units holding slabs */
+static uint64_t purged_bytes, purge_runs;
+static uint64_t last_purge_ms;
+static void* next_hint;
+
+#define ALL_UNITS (~(uint64_t)0)
+#define UNIT_BITS(k, n) (((n) >= 64 ? ALL_UNITS : (((uint64_t)1 << (n)) - 1)) << (k))
+
+static unsigned longest_run(uint64_t m) {
+  unsigned n = 0;
+  while (m) {
+    m &= m << 1;
+    n++;
+  }
+  return n;
+}
+
+/* Lowest unit k such that units k..k+n-1 are free and k is a multiple of `align`. */
+static int find_run(uint64_t free_mask, size_t n, size_t align) {
+  uint64_t m = free_mask;
+  for (size_t i = 1; i < n && m; i++) m &= free_mask >> i;
+  if (align > 1) {
+    uint64_t allowed = 0;
+    for (size_t k = 0; k < KEEL_CHUNK_UNITS; k += align) allowed |= (uint64_t)1 << k;
+    m &= allowed;
+  }
+  return m ? __builtin_ctzll(m) : -1;
+}
+
+static void list_remove(keel_chunk_t* c) {
+  if (c->prev) c->prev->next = c->next;
+  else by_run[c->run] = c->next;
+  if (c->next) c->next->prev = c->prev;
+  c->next = c->prev = NULL;
+}
+
+static void list_insert(keel_chunk_t* c) {
+  c->run = longest_run(c->free_mask);
+  if (c->run >= KEEL_CHUNK_UNITS) c->run = KEEL_CHUNK_UNITS - 1;
+  c->prev = NULL;
+  c->next = by_run[c->run];
+  if (c->next) c->next->prev = c;
+  by_run[c->run] = c;
+}
+
+static keel_chunk_t* chunk_new(void) {
+  keel_chunk_t* c = (keel_chunk_t*)_keel_prim_map(KEEL_CHUNK_SIZE, KEEL_CHUNK_SIZE, next_hint);
+  if (c == NULL) return NULL;
+  if (!_keel_pagemap_set((uintptr_t)c, KEEL_CHUNK_UNITS, KEEL_KIND_NONE)) {
+    _keel_prim_unmap(c, KEEL_CHUNK_SIZE);
+    return NULL;
+  }
+  next_hint = (char*)c + KEEL_CHUNK_SIZE;
+  c->magic = KEEL_CHUNK_MAGIC;
+  c->free_mask = ALL_UNITS & ~(uint64_t)1; /* unit 0 is this header */
+  c->dirty_mask = 0;                        /* fresh units hold no pages */
+  for (unsigned u = 0; u < KEEL_CHUNK_UNITS; u++) c->units[u].head = (uint8_t)u;
+  c->units[0].state = KEEL_UNIT_LARGE; /* never handed out */
+  chunk_count++;
+  clean_free_units += KEEL_CHUNK_UNITS - 1;
+  list_insert(c);
+  return c;
+}
+
+static void chunk_release(keel_chunk_t* c) {
+  list_remove(c);
+  chunk_count--;
+  clean_free_units -= KEEL_CHUNK_UNITS - 1;
+  _keel_pagemap_set((uintptr_t)c, KEEL_CHUNK_UNITS, KEEL_KIND_NONE);
+  _keel_prim_unmap(c, KEEL_CHUNK_SIZE);
+}
+
+/* Marks units k..k+n-1 of c as one span; returns whether they were all clean. */
+static bool take_units(keel_chunk_t* c, unsigned k, size_t n) {
+  uint64_t bits = UNIT_BITS(k, n);
+  bool clean = (c->dirty_mask & bits) == 0;
+  unsigned dirty = (unsigned)__builtin_popcountll(c->dirty_mask & bits);
+  dirty_units -= dirty;
+  clean_free_units -= n - dirty;
+  c->free_mask &= ~bits;
+  c->dirty_mask &= ~bits;
+  for (size_t i = 0; i < n; i++) {
+    keel_slab_t* u = &c->units[k + i];
+    u->head = (uint8_t)k;
+    u->state = KEEL_UNIT_LARGE; /* callers set the real state on the head */
+  }
+  c->units[k].units = (uint8_t)n;
+  return clean;
+}
+
+static void give_units(keel_chunk_t* c, unsigned k, size_t n, uint64_t now) {
+  uint64_t bits = UNIT_BITS(k, n);
+  for (size_t i = 0; i < n; i++) {
+    keel_slab_t* u = &c->units[k + i];
+    u->state = KEEL_UNIT_FREE;
+    u->head = (uint8_t)(k + i);
+    u->size = now; /* when it was freed: the purge delay counts from here */
+  }
+  c->free_mask |= bits;
+  c->dirty_mask |= bits;
+  dirty_units += n;
+}
+
+static size_t purge_locked(bool all, uint64_t now);
+
+keel_slab_t* _keel_pageheap_alloc(size_t n, size_t align, bool* zeroed) {
+  keel_assert(n >= 1 && n < KEEL_CHUNK_UNITS);
+  keel_lock(&heap_lock);
+  keel_chunk_t* c = NULL;
+  int k = -1;
+  for (size_t r = n; r < KEEL_CHUNK_UNITS && k < 0; r++)
+    for (c = by_run[r]; c != NULL; c = c->next)
+      if ((k = find_run(c->free_mask, n, align)) >= 0) break;
+  if (k < 0) {
+    c = chunk_new();
+    if (c) k = find_run(c->free_mask, n, align);
+    if (k < 0) {
+      keel_unlock(&heap_lock);
+      return NULL;
+    }
+  }
+  list_remove(c);
+  *zeroed = take_units(c, (unsigned)k, n);
+  list_insert(c);
+  keel_slab_t* head = &c->units[k];
+  keel_unlock(&heap_lock);
+  return head;
+}
+
+static keel_chunk_t* chunk_of_slab(keel_slab_t* s) { return keel_chunk_of(s); }
+
+void _keel_pageheap_free(keel_slab_t* head) {
+  keel_chunk_t* c = chunk_of_slab(head);
+  unsigned k = (unsigned)(head - c->units);
+  uint64_t now = _keel_prim_clock_ms();
+  keel_lock(&heap_lock);
+  list_remove(c);
+  give_units(c, k, head->units, now);
+  list_insert(c);
+  if (now - last_purge_ms >= _keel_options.purge_delay_ms / 2 + 1) purge_locked(false, now);
+  keel_unlock(&heap_lock);
+}
+
+bool _keel_pageheap_grow_in_place(keel_slab_t* head, size_t n) {
+  keel_chunk_t* c = chunk_of_slab(head);
+  unsigned k = (unsigned)(head - c->units);
+  size_t old = head->units;
+  if (k + n > KEEL_CHUNK_UNITS) return false;
+  bool ok = false;
+  keel_lock(&heap_lock);
+  uint64_t extra = UNIT_BITS(k + old, n - old);
+  if ((c->free_mask & extra) == extra) {
+    list_remove(c);
+    take_units(c, (unsigned)(k + old), n - old);
+    for (size_t i = old; i < n; i++) c->units[k + i].head = (uint8_t)k;
+    head->units = (uint8_t)n;
+    list_insert(c);
+    ok = true;
+  }
+  keel_unlock(&heap_lock);
+  return ok;
+}
+
+void _keel_pageheap_shrink(keel_slab_t* head, size_t n) {
+  keel_chunk_t* c = chunk_of_slab(head);
+  unsigned k = (unsigned)(head - c->units);
+  size_t old = head->units;
+  if (n >= old) return;
+  uint64_t now = _keel_prim_clock_ms();
+  keel_lock(&heap_lock);
+  list_remove(c);
+  give_units(c, (unsigned)(k + n), old - n, now);
+  head->units = (uint8_t)n;
+  list_insert(c);
+  keel_unlock(&heap_lock);
+}
+
+/* Gives back dirty free units freed at least the purge delay ago (all of them if
+ * `all`), and unmaps chunks left wholly free and clean. Returns bytes released. */
+static size_t purge_locked(bool all, uint64_t now) {
+  size_t released = 0;
+  last_purge_ms = now;
+  uint64_t delay = _keel_options.purge_delay_ms;
+  for (unsigned r = 0; r < KEEL_CHUNK_UNITS; r++) {
+    keel_chunk_t* next;
+    for (keel_chunk_t* c = by_run[r]; c != NULL; c = next) {
+      next = c->next;
+      uint64_t due = 0;
+      for (uint64_t d = c->dirty_mask; d; d &= d - 1) {
+        unsigned u = (unsigned)__builtin_ctzll(d);
+        if (all || now - c->units[u].size >= delay) due |= (uint64_t)1 << u;
+      }
+      while (due) { /* purge each run of due units with one call */
+        unsigned k = (unsigned)__builtin_ctzll(due);
+        unsigned n = (unsigned)__builtin_ctzll(~(due >> k)) ;
+        if (k + n > 64) n = 64 - k;
+        uint64_t bits = UNIT_BITS(k, n);
+        if (_keel_prim_purge(keel_unit_addr(c, k), (size_t)n << KEEL_UNIT_SHIFT)) {
+          c->dirty_mask &= ~bits;
+          dirty_units -= n;
+          clean_free_units += n;
+          released += (size_t)n << KEEL_UNIT_SHIFT;
+        }
+        due &= ~bits;
+      }
+      /* A wholly free chunk goes back to the OS, but one is kept for the next slab. */
+      if (c->free_mask == (ALL_UNITS & ~(uint64_t)1) && c->dirty_mask == 0 &&
+          (all || chunk_count > 1))
+        chunk_release(c);
+    }
+  }
+  if (released) {
+    purged_bytes += released;
+    purge_runs++;
+  }
+  return released;
+}
+
+size_t _keel_pageheap_purge(bool all) {
+  keel_lock(&heap_lock);
+  size_t n = purge_locked(all, _keel_prim_clock_ms());
+  keel_unlock(&heap_lock);
+  return n;
+}
+
+void _keel_pageheap_maybe_purge(void) {
+  uint64_t now = _keel_prim_clock_ms();
+  if (__atomic_load_n(&dirty_units, __ATOMIC_RELAXED) == 0) return;
+  if (now - __atomic_load_n(&last_purge_ms, __ATOMIC_RELAXED) < _keel_options.purge_delay_ms / 4)
+    return;
+  keel_lock(&heap_lock);
+  purge_locked(false, now);
+  keel_unlock(&heap_lock);
+}
+
+uint64_t _keel_pageheap_dirty_bytes(void) {
+  return __atomic_load_n(&dirty_units, __ATOMIC_RELAXED) << KEEL_UNIT_SHIFT;
+}
+
+void _keel_pageheap_lock_all(void) { keel_lock(&heap_lock); }
+void _keel_pageheap_unlock_all(void) { keel_unlock(&heap_lock); }
+void _keel_pageheap_reset_locks(void) { keel_lock_reset(&heap_lock); }
+
+void _keel_pageheap_stats(keel_stats_t* out) {
+  keel_lock(&heap_lock);
+  uint64_t mapped = chunk_count * KEEL_CHUNK_SIZE;
+  out->mapped += mapped;
+  out->retained += clean_free_units * KEEL_UNIT_SIZE;
+  out->committed += mapped - clean_free_units * KEEL_UNIT_SIZE;
+  out->metadata += chunk_count * sizeof(keel_chunk_t);
+  out->purged_bytes += purged_bytes;
+  out->purge_runs += purge_runs;
+  (void)large_units;
+  (void)slab_units;
+  keel_unlock(&heap_lock);
+}

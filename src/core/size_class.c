@@ -1,0 +1,39 @@
+/* size_class.c -- the size class table.
+ * 16-byte steps up to 1 KiB (where most database objects live, and where glibc's
+ * 16-byte granularity is the bar for memory use), then eight classes per doubling up
+ * to 128 KiB. Each class gets the smallest slab (1..16 units) that wastes little. */
+#include "core/internal.h"
+
+keel_class_t _keel_classes[KEEL_NUM_CLASSES];
+
+static size_t class_size(unsigned cls) {
+  if (cls <= 64) return (size_t)cls * 16;
+  unsigned k = cls - 65, b = 10 + k / 8, idx = k % 8;
+  return ((size_t)1 << b) + (size_t)(idx + 1) * ((size_t)1 << (b - 3));
+}
+
+static size_t clamp(size_t v, size_t lo, size_t hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+void _keel_classes_init(void) {
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
+    keel_class_t* c = &_keel_classes[cls];
+    size_t size = class_size(cls);
+    size_t units = 1;
+    /* Smallest slab with at least 8 blocks and at most 1/16 of it left over. */
+    for (size_t u = 1; u <= 16; u *= 2) {
+      size_t bytes = u * KEEL_UNIT_SIZE, count = bytes / size;
+      units = u;
+      if (count >= 8 && (bytes - count * size) * 16 <= bytes) break;
+    }
+    size_t count = units * KEEL_UNIT_SIZE / size;
+    if (count > KEEL_SLAB_MAX_OBJECTS) count = KEEL_SLAB_MAX_OBJECTS;
+    c->size = (uint32_t)size;
+    c->units = (uint16_t)units;
+    c->count = (uint32_t)count;
+    c->batch = (uint16_t)clamp(KEEL_UNIT_SIZE / size, 2, 32);
+    c->bin_limit = (uint32_t)clamp(KEEL_UNIT_SIZE / size, 2u * c->batch, 1024);
+    /* Enough parked batches to absorb a burst, but at most 128 KiB of blocks. */
+    c->transfer_max = (uint32_t)clamp(((size_t)128 << 10) / (c->batch * size), 1, 8);
+    c->div_magic = (((uint64_t)1 << 40) + size - 1) / size;
+  }
+}

@@ -1,0 +1,96 @@
+/* stats.c -- statistics, gathered on demand from the structures that already exist
+ * (central counts, thread cache bins, page heap masks), so the fast paths keep no
+ * counters at all. */
+#include "core/internal.h"
+
+uint64_t _keel_large_live_bytes(void);
+
+void _keel_stats_collect(keel_stats_t* out) {
+  memset(out, 0, sizeof *out);
+  out->version = KEEL_STATS_VERSION;
+  out->size = sizeof *out;
+  keel_ensure_init();
+  uint64_t in_slabs = 0, slab_bytes = 0, transfer = 0;
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
+    keel_central_t* cl = &_keel_central[cls];
+    const keel_class_t* k = &_keel_classes[cls];
+    keel_lock(&cl->lock);
+    in_slabs += cl->out * k->size;
+    slab_bytes += cl->slabs * k->units * KEEL_UNIT_SIZE;
+    transfer += (uint64_t)cl->nbatches * k->batch * k->size;
+    keel_unlock(&cl->lock);
+  }
+  uint64_t in_caches = 0;
+  _keel_tcache_stats(out, &in_caches);
+  uint64_t cached = transfer + in_caches;
+  uint64_t large = _keel_large_live_bytes();
+  out->allocated = (in_slabs > cached ? in_slabs - cached : 0) + large;
+  out->active = slab_bytes + large;
+  out->cached = cached;
+  _keel_pageheap_stats(out);
+  _keel_huge_stats(out); /* adds huge blocks to allocated/active/mapped/committed */
+  out->metadata += _keel_meta_bytes();
+  out->os_page_size = _keel_page_size;
+  out->huge_page_size =
+      _keel_options.huge_page_size ? _keel_options.huge_page_size : _keel_prim_huge_page_size();
+}
+
+static void line(keel_buf_t* b, const char* name, uint64_t v) {
+  _keel_buf_str(b, "keel:   ");
+  _keel_buf_str(b, name);
+  _keel_buf_pad(b, b->len + (16 - strlen(name)));
+  _keel_buf_u64(b, v);
+  _keel_buf_str(b, "\n");
+}
+
+static void print_stats(int fd, const char* title) {
+  keel_stats_t s;
+  _keel_stats_collect(&s);
+  char text[1536];
+  keel_buf_t b = {text, 0, sizeof text};
+  _keel_buf_str(&b, "keel: statistics (pid ");
+  _keel_buf_u64(&b, (uint64_t)_keel_prim_getpid());
+  _keel_buf_str(&b, ") ");
+  _keel_buf_str(&b, title);
+  _keel_buf_str(&b, "\n");
+  line(&b, "allocated", s.allocated);
+  line(&b, "active", s.active);
+  line(&b, "cached", s.cached);
+  line(&b, "mapped", s.mapped);
+  line(&b, "committed", s.committed);
+  line(&b, "retained", s.retained);
+  line(&b, "metadata", s.metadata);
+  line(&b, "huge_allocated", s.huge_allocated);
+  line(&b, "purged_bytes", s.purged_bytes);
+  line(&b, "purge_runs", s.purge_runs);
+  line(&b, "threads", s.threads);
+  line(&b, "threads_total", s.threads_total);
+  line(&b, "os_page_size", s.os_page_size);
+  line(&b, "huge_page_size", s.huge_page_size);
+  _keel_prim_write(fd, text, b.len);
+}
+
+void _keel_stats_at_exit(void) { print_stats(2, "at exit"); }
+
+KEEL_API int keel_stats_get(keel_stats_t* out) {
+  if (out == NULL || out->size < 2 * sizeof(uint32_t)) return -1;
+  keel_stats_t s;
+  _keel_stats_collect(&s);
+  size_t n = out->size < sizeof s ? out->size : sizeof s;
+  s.size = (uint32_t)n;
+  memcpy(out, &s, n);
+  return 0;
+}
+
+KEEL_API void keel_stats_print(int fd) { print_stats(fd, "now"); }
+
+KEEL_API const char* keel_version(void) { return "0.1.0"; }
+
+KEEL_API size_t keel_purge(void) {
+  keel_ensure_init();
+  _keel_tcache_thread_flush();
+  _keel_central_drain_all();
+  return _keel_pageheap_purge(true) + _keel_huge_purge(true);
+}
+
+KEEL_API void keel_thread_flush(void) { _keel_tcache_thread_flush(); }

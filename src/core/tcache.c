@@ -1,0 +1,261 @@
+/* tcache.c -- per-thread caches of free blocks: their slow paths and life cycle.
+ *
+ * A thread allocates from and frees into its own cache without locks or atomic
+ * read-modify-writes, whatever thread allocated the block: a cross-thread free is just
+ * a local push, and the block travels back through the central list in a batch.
+ * A thread's cache holds only free blocks, never pages, so a thread that allocates a
+ * little costs a little (its bins start small and grow only while the thread keeps
+ * missing), and 4,000 parked threads do not pin 4,000 pages per size class.
+ * A cache belongs to its thread; exiting threads hand their blocks back. */
+#include "core/internal.h"
+
+_Thread_local keel_tcache_t* _keel_tc = &_keel_tc_empty;
+keel_tcache_t _keel_tc_empty; /* all bins empty with no room: every access misses */
+
+enum { THREAD_NEW = 0, THREAD_CACHED, THREAD_BUSY, THREAD_GONE };
+static _Thread_local uint8_t thread_state;
+
+static keel_lock_t registry_lock = KEEL_LOCK_INIT;
+static keel_tcache_t* registry;    /* live caches */
+static keel_tcache_t* spare;       /* caches of exited threads, for reuse */
+static uint64_t live_caches, total_caches;
+
+/* First room for a bin: a batch, but no more than 32 KiB of blocks, so one use of a
+ * big size class does not make the thread hold a megabyte. */
+static uint32_t initial_max(unsigned cls) {
+  const keel_class_t* k = &_keel_classes[cls];
+  uint32_t m = (uint32_t)((32u << 10) / k->size);
+  if (m > k->batch) m = k->batch;
+  return m ? m : 1;
+}
+
+static void bins_reset(keel_tcache_t* t) {
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
+    t->bins[cls].head = NULL;
+    t->bins[cls].max = initial_max(cls);
+    t->bins[cls].avail = t->bins[cls].max;
+  }
+  t->bins[0].head = NULL;
+  t->bins[0].max = t->bins[0].avail = 0;
+  t->max_bytes = 0;
+}
+
+static void on_thread_exit(void* value);
+
+static keel_tcache_t* tcache_create(void) {
+  if (thread_state != THREAD_NEW) return NULL; /* busy creating, or exiting */
+  thread_state = THREAD_BUSY;
+  keel_ensure_init();
+  if (!_keel_prim_thread_exit_init(on_thread_exit)) {
+    thread_state = THREAD_NEW;
+    return NULL;
+  }
+  keel_lock(&registry_lock);
+  keel_tcache_t* t = spare;
+  if (t) spare = t->next;
+  keel_unlock(&registry_lock);
+  if (t == NULL) t = (keel_tcache_t*)_keel_meta_alloc(sizeof(keel_tcache_t));
+  if (t == NULL) {
+    thread_state = THREAD_NEW;
+    return NULL;
+  }
+  bins_reset(t);
+  t->refills = t->flushes = 0;
+  keel_lock(&registry_lock);
+  t->prev = NULL;
+  t->next = registry;
+  if (registry) registry->prev = t;
+  registry = t;
+  live_caches++;
+  total_caches++;
+  keel_unlock(&registry_lock);
+  _keel_prim_thread_bind(t);
+  _keel_tc = t;
+  thread_state = THREAD_CACHED;
+  _keel_background_maybe_start();
+  return t;
+}
+
+/* Gives every cached block back to the central lists, in batches where possible. */
+void _keel_tcache_flush(keel_tcache_t* t) {
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
+    keel_bin_t* b = &t->bins[cls];
+    uint32_t batch = _keel_classes[cls].batch;
+    while (b->head != NULL) {
+      void* list = b->head;
+      void** last = (void**)list;
+      uint32_t n = 1;
+      while (n < batch && *last != NULL) {
+        last = (void**)*last;
+        n++;
+      }
+      b->head = *last;
+      *last = NULL;
+      _keel_central_give(cls, list, n);
+    }
+    b->max = initial_max(cls);
+    b->avail = b->max;
+  }
+  t->max_bytes = 0;
+  t->flushes++;
+}
+
+static void on_thread_exit(void* value) {
+  keel_tcache_t* t = (keel_tcache_t*)value;
+  thread_state = THREAD_GONE; /* later frees in this thread go straight to central */
+  _keel_tc = &_keel_tc_empty;
+  if (t == NULL || t == &_keel_tc_empty) return;
+  _keel_tcache_flush(t);
+  keel_lock(&registry_lock);
+  if (t->prev) t->prev->next = t->next;
+  else registry = t->next;
+  if (t->next) t->next->prev = t->prev;
+  live_caches--;
+  t->next = spare;
+  spare = t;
+  keel_unlock(&registry_lock);
+}
+
+void _keel_tcache_thread_flush(void) {
+  keel_tcache_t* t = _keel_tc;
+  if (t != &_keel_tc_empty) _keel_tcache_flush(t);
+}
+
+/* Without a cache (while creating one, or after the thread's exit handler ran) blocks
+ * come from and go to the central list one at a time. */
+static void* central_alloc_one(unsigned cls) {
+  uint32_t got;
+  void** p = (void**)_keel_central_take(cls, 1, &got);
+  if (p == NULL) {
+    _keel_prim_set_errno(_keel_prim_errno_enomem());
+    return NULL;
+  }
+  p[1] = NULL;
+  return p;
+}
+
+void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls) {
+  if (t == &_keel_tc_empty) {
+    t = tcache_create();
+    if (t == NULL) return central_alloc_one(cls);
+  }
+  keel_bin_t* b = &t->bins[cls];
+  if (b->head == NULL) {
+    const keel_class_t* k = &_keel_classes[cls];
+    /* Slow start: a bin that keeps running dry gets more room, up to its limit and
+     * within the thread's byte budget. */
+    if (b->max < k->bin_limit && t->refills > 0 &&
+        t->max_bytes + (size_t)k->batch * k->size <= _keel_options.tcache_bytes) {
+      uint32_t grow = b->max < k->batch ? k->batch - b->max : k->batch;
+      if (b->max + grow > k->bin_limit) grow = k->bin_limit - b->max;
+      b->max += grow;
+      b->avail += grow;
+      t->max_bytes += (size_t)grow * k->size;
+    }
+    uint32_t want = b->max < k->batch ? b->max : k->batch;
+    uint32_t got;
+    void* list = _keel_central_take(cls, want, &got);
+    if (list == NULL) {
+      _keel_prim_set_errno(_keel_prim_errno_enomem());
+      return NULL;
+    }
+    t->refills++;
+    b->head = list;
+    b->avail -= got;
+  }
+  void** p = (void**)b->head;
+  b->head = p[0];
+  b->avail++;
+  p[1] = NULL;
+  return p;
+}
+
+void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
+  if (t == &_keel_tc_empty) {
+    t = tcache_create();
+    if (t == NULL) {
+      *(void**)p = NULL;
+      _keel_central_give(cls, p, 1);
+      return;
+    }
+  }
+  keel_bin_t* b = &t->bins[cls];
+  if (b->avail == 0) {
+    const keel_class_t* k = &_keel_classes[cls];
+    if (b->max < k->bin_limit &&
+        t->max_bytes + (size_t)k->batch * k->size <= _keel_options.tcache_bytes) {
+      uint32_t grow = k->batch;
+      if (b->max + grow > k->bin_limit) grow = k->bin_limit - b->max;
+      b->max += grow;
+      b->avail += grow;
+      t->max_bytes += (size_t)grow * k->size;
+    } else {
+      /* Full: hand a batch back from the front of the bin (so it can park whole in
+       * the transfer cache); walking n blocks, not the whole bin. */
+      uint32_t count = b->max - b->avail, n = count < k->batch ? count : k->batch;
+      void* list = b->head;
+      void** last = (void**)list;
+      for (uint32_t i = 1; i < n; i++) last = (void**)*last;
+      b->head = *last;
+      *last = NULL;
+      b->avail += n;
+      _keel_central_give(cls, list, n);
+      _keel_background_maybe_start();
+    }
+  }
+  ((void**)p)[0] = b->head;
+  ((uintptr_t*)p)[1] = (uintptr_t)t;
+  b->head = p;
+  b->avail--;
+}
+
+bool _keel_tcache_contains(keel_tcache_t* t, unsigned cls, void* p) {
+  keel_bin_t* b = &t->bins[cls];
+  uint32_t count = b->max - b->avail;
+  void* q = b->head;
+  for (uint32_t i = 0; i < count && q != NULL; i++, q = *(void**)q)
+    if (q == p) return true;
+  return false;
+}
+
+void _keel_tcache_lock_all(void) { keel_lock(&registry_lock); }
+void _keel_tcache_unlock_all(void) { keel_unlock(&registry_lock); }
+
+/* In the child of fork only the forking thread exists. Other threads' caches may have
+ * been mid-update when the fork happened, so their blocks are abandoned (a bounded
+ * leak in the child) and the cache structures are recycled. */
+void _keel_tcache_after_fork_child(void) {
+  keel_lock_reset(&registry_lock);
+  keel_tcache_t* mine = _keel_tc;
+  keel_tcache_t* next;
+  for (keel_tcache_t* t = registry; t != NULL; t = next) {
+    next = t->next;
+    if (t == mine) continue;
+    t->next = spare;
+    spare = t;
+    live_caches--;
+  }
+  if (mine != &_keel_tc_empty) {
+    mine->next = mine->prev = NULL;
+    registry = mine;
+  } else {
+    registry = NULL;
+  }
+}
+
+/* Racy reads of other threads' bins are fine for statistics. */
+__attribute__((no_sanitize("thread"))) void _keel_tcache_stats(keel_stats_t* out,
+                                                                 uint64_t* cached_bytes) {
+  uint64_t bytes = 0;
+  keel_lock(&registry_lock);
+  for (keel_tcache_t* t = registry; t != NULL; t = t->next)
+    for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
+      keel_bin_t* b = &t->bins[cls];
+      bytes += (uint64_t)(b->max - b->avail) * _keel_classes[cls].size;
+    }
+  out->threads = live_caches;
+  out->threads_total = total_caches;
+  out->metadata += (live_caches) * sizeof(keel_tcache_t);
+  keel_unlock(&registry_lock);
+  *cached_bytes = bytes;
+}

@@ -1,0 +1,88 @@
+/* prim.h -- the contract between Keel and the operating system.
+ *
+ * This is the only interface through which Keel's core touches the OS; the core never
+ * includes an OS header. Every function here is safe to call from inside malloc: none
+ * of them allocates, takes a lock that malloc might hold, or uses stdio.
+ * The Linux implementation is prim_linux.c; a port implements this header.
+ */
+#ifndef KEEL_PRIM_H
+#define KEEL_PRIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* -- memory ---------------------------------------------------------------------------
+ * Mappings are anonymous, private, readable and writable, committed on first touch.
+ * Sizes and addresses are multiples of the OS page size. */
+
+/* Maps `size` bytes aligned to `align` (a power of two >= the page size; the page size
+ * itself for no constraint). `hint` is an address to try first, or NULL.
+ * Returns NULL on failure (errno is then ENOMEM for the caller to keep). */
+void* _keel_prim_map(size_t size, size_t align, void* hint);
+
+/* Unmaps a range returned by _keel_prim_map (or a page-aligned part of it). */
+void _keel_prim_unmap(void* addr, size_t size);
+
+/* Gives the physical pages of a range back to the OS now; the range stays mapped and
+ * reads as zeros afterwards. Returns false if the OS refused. */
+bool _keel_prim_purge(void* addr, size_t size);
+
+/* Grows or shrinks a mapping, moving it if `may_move`. Returns the new address or NULL
+ * (the old mapping is then untouched). */
+void* _keel_prim_remap(void* addr, size_t old_size, size_t new_size, bool may_move);
+
+/* Transparent huge page advice for a range: 0 = leave the system default,
+ * 1 = ask for huge pages, -1 = refuse them. */
+void _keel_prim_thp_advise(void* addr, size_t size, int advice);
+
+/* The OS page size, and the transparent huge page size (0 if THP is unavailable). */
+size_t _keel_prim_page_size(void);
+size_t _keel_prim_huge_page_size(void);
+
+/* Test hook: make the next `count` calls of _keel_prim_map fail (0 disables). */
+void _keel_prim_fail_maps(long count);
+
+/* -- time, randomness, identity ------------------------------------------------------ */
+uint64_t _keel_prim_clock_ms(void); /* monotonic milliseconds (coarse clock) */
+uint64_t _keel_prim_random(void);   /* 64 unpredictable bits; never blocks */
+int _keel_prim_getpid(void);
+
+/* -- environment and output ---------------------------------------------------------- */
+/* Copies the value of environment variable `name` into buf (NUL-terminated). Returns
+ * false if the variable is not set. Works before libc has set up `environ`. */
+bool _keel_prim_getenv(const char* name, char* buf, size_t size);
+
+/* Writes all of buf to fd (retrying on short writes and EINTR). */
+void _keel_prim_write(int fd, const char* buf, size_t len);
+
+/* Ends the process with SIGABRT after an unrecoverable misuse or internal error. */
+_Noreturn void _keel_prim_abort(void);
+
+/* Sets the calling thread's errno. */
+void _keel_prim_set_errno(int err);
+int _keel_prim_errno_enomem(void);
+int _keel_prim_errno_einval(void);
+
+/* -- threads ------------------------------------------------------------------------- */
+/* Futex-style waiting on a 32-bit word: sleep while *addr == expected; wake up to n. */
+void _keel_prim_futex_wait(volatile uint32_t* addr, uint32_t expected);
+void _keel_prim_futex_wake(volatile uint32_t* addr, int n);
+void _keel_prim_yield(void);
+
+/* Registers `on_exit(value)` to run when a thread that called _keel_prim_thread_bind
+ * exits. Returns false if the OS has no slot left. Idempotent. */
+bool _keel_prim_thread_exit_init(void (*on_exit)(void* value));
+/* Arms the exit callback for the calling thread with `value` (NULL disarms). */
+void _keel_prim_thread_bind(void* value);
+
+/* Registers fork handlers (like pthread_atfork). */
+void _keel_prim_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void));
+
+/* Starts a detached helper thread running fn(arg). Must not be called with any Keel
+ * lock held (thread creation may allocate). Returns false on failure. */
+bool _keel_prim_thread_start(void* (*fn)(void*), void* arg);
+/* Sleeps the calling thread for `ms` milliseconds. */
+void _keel_prim_sleep_ms(uint64_t ms);
+
+#endif /* KEEL_PRIM_H */

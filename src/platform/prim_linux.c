@@ -1,0 +1,285 @@
+/* prim_linux.c -- Linux implementation of the platform contract (prim.h).
+ * The only file in Keel that includes OS headers. */
+#include "platform/prim.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/auxv.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char** environ;
+
+/* -- memory -------------------------------------------------------------------------- */
+
+static _Atomic long fail_maps; /* test hook: number of maps still to fail */
+
+void _keel_prim_fail_maps(long count) { atomic_store(&fail_maps, count); }
+
+static void* map_raw(void* hint, size_t size) {
+  if (atomic_load_explicit(&fail_maps, memory_order_relaxed) > 0 &&
+      atomic_fetch_sub(&fail_maps, 1) > 0) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  /* MAP_NORESERVE: address space is not charged until touched, so large reservations
+   * do not count against strict overcommit accounting before they are used. */
+  void* p = mmap(hint, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+void* _keel_prim_map(size_t size, size_t align, void* hint) {
+  size_t page = _keel_prim_page_size();
+  if (align < page) align = page;
+  int saved = errno;
+  void* p = map_raw(hint, size);
+  if (p == NULL) return NULL;
+  if (((uintptr_t)p & (align - 1)) == 0) return p;
+  /* Not aligned: map a larger range and trim both ends. */
+  munmap(p, size);
+  if (size + align < size) { errno = ENOMEM; return NULL; }
+  p = map_raw(NULL, size + align);
+  if (p == NULL) return NULL;
+  uintptr_t start = (uintptr_t)p, aligned = (start + align - 1) & ~(uintptr_t)(align - 1);
+  if (aligned > start) munmap(p, aligned - start);
+  uintptr_t end = start + size + align, aligned_end = aligned + size;
+  if (end > aligned_end) munmap((void*)aligned_end, end - aligned_end);
+  errno = saved;
+  return (void*)aligned;
+}
+
+void _keel_prim_unmap(void* addr, size_t size) {
+  int saved = errno;
+  munmap(addr, size);
+  errno = saved;
+}
+
+bool _keel_prim_purge(void* addr, size_t size) {
+  int saved = errno;
+  /* MADV_DONTNEED, not MADV_FREE: the RSS drop must be visible now, not only under
+   * memory pressure, and the pages must read as zero on reuse (calloc relies on it). */
+  bool ok = madvise(addr, size, MADV_DONTNEED) == 0;
+  errno = saved;
+  return ok;
+}
+
+void* _keel_prim_remap(void* addr, size_t old_size, size_t new_size, bool may_move) {
+  int saved = errno;
+  void* p = mremap(addr, old_size, new_size, may_move ? MREMAP_MAYMOVE : 0);
+  errno = saved;
+  return p == MAP_FAILED ? NULL : p;
+}
+
+void _keel_prim_thp_advise(void* addr, size_t size, int advice) {
+  if (advice == 0) return;
+  int saved = errno;
+  madvise(addr, size, advice > 0 ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+  errno = saved;
+}
+
+static size_t page_size_cache;
+static size_t huge_size_cache = (size_t)-1;
+
+size_t _keel_prim_page_size(void) {
+  size_t p = page_size_cache;
+  if (p == 0) {
+    p = (size_t)getauxval(AT_PAGESZ); /* no allocation, valid before libc init */
+    if (p == 0) p = 4096;
+    page_size_cache = p;
+  }
+  return p;
+}
+
+/* Reads a small text file into buf with plain syscalls (no stdio). */
+static long read_small_file(const char* path, char* buf, size_t size) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  size_t got = 0;
+  while (got + 1 < size) {
+    ssize_t n = read(fd, buf + got, size - 1 - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += (size_t)n;
+  }
+  close(fd);
+  buf[got] = 0;
+  return (long)got;
+}
+
+size_t _keel_prim_huge_page_size(void) {
+  if (huge_size_cache != (size_t)-1) return huge_size_cache;
+  int saved = errno;
+  char buf[64];
+  size_t v = 0;
+  if (read_small_file("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", buf, sizeof buf) > 0) {
+    for (char* s = buf; *s >= '0' && *s <= '9'; s++) v = v * 10 + (size_t)(*s - '0');
+  }
+  errno = saved;
+  huge_size_cache = v;
+  return v;
+}
+
+/* -- time, randomness, identity ------------------------------------------------------- */
+
+uint64_t _keel_prim_clock_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+uint64_t _keel_prim_random(void) {
+  uint64_t v = 0;
+  int saved = errno;
+  if (getrandom(&v, sizeof v, GRND_NONBLOCK) != (ssize_t)sizeof v) {
+    /* Early boot or seccomp: fall back to the kernel's per-process AT_RANDOM bytes
+     * mixed with the clock and an address (ASLR). */
+    const uint64_t* r = (const uint64_t*)getauxval(AT_RANDOM);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    v = (r ? r[0] ^ r[1] : 0) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)(uintptr_t)&v << 16);
+  }
+  errno = saved;
+  return v;
+}
+
+int _keel_prim_getpid(void) { return (int)getpid(); }
+
+/* -- environment and output ------------------------------------------------------------ */
+
+static bool copy_value(const char* entry, const char* name, char* buf, size_t size) {
+  size_t n = strlen(name);
+  if (strncmp(entry, name, n) != 0 || entry[n] != '=') return false;
+  const char* v = entry + n + 1;
+  size_t len = strlen(v);
+  if (len >= size) len = size - 1;
+  memcpy(buf, v, len);
+  buf[len] = 0;
+  return true;
+}
+
+bool _keel_prim_getenv(const char* name, char* buf, size_t size) {
+  if (size == 0) return false;
+  if (environ != NULL) {
+    for (char** e = environ; *e != NULL; e++)
+      if (copy_value(*e, name, buf, size)) return true;
+    return false;
+  }
+  /* Called before libc set up environ (from the dynamic loader): read the initial
+   * environment from /proc. Entries longer than the buffer are skipped. */
+  int saved = errno;
+  int fd = open("/proc/self/environ", O_RDONLY | O_CLOEXEC);
+  bool found = false;
+  if (fd >= 0) {
+    char chunk[4096];
+    char entry[512];
+    size_t elen = 0;
+    ssize_t n;
+    while (!found && (n = read(fd, chunk, sizeof chunk)) > 0) {
+      for (ssize_t i = 0; i < n && !found; i++) {
+        if (chunk[i] == 0) {
+          entry[elen < sizeof entry ? elen : sizeof entry - 1] = 0;
+          if (elen < sizeof entry) found = copy_value(entry, name, buf, size);
+          elen = 0;
+        } else {
+          if (elen < sizeof entry) entry[elen] = chunk[i];
+          elen++;
+        }
+      }
+    }
+    close(fd);
+  }
+  errno = saved;
+  return found;
+}
+
+void _keel_prim_write(int fd, const char* buf, size_t len) {
+  int saved = errno;
+  while (len > 0) {
+    ssize_t n = write(fd, buf, len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    buf += n;
+    len -= (size_t)n;
+  }
+  errno = saved;
+}
+
+_Noreturn void _keel_prim_abort(void) { abort(); }
+
+void _keel_prim_set_errno(int err) { errno = err; }
+int _keel_prim_errno_enomem(void) { return ENOMEM; }
+int _keel_prim_errno_einval(void) { return EINVAL; }
+
+/* -- threads --------------------------------------------------------------------------- */
+
+void _keel_prim_futex_wait(volatile uint32_t* addr, uint32_t expected) {
+  int saved = errno;
+  syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
+  errno = saved;
+}
+
+void _keel_prim_futex_wake(volatile uint32_t* addr, int n) {
+  int saved = errno;
+  syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
+  errno = saved;
+}
+
+void _keel_prim_yield(void) { sched_yield(); }
+
+static pthread_key_t exit_key;
+static _Atomic int exit_key_state; /* 0 none, 1 creating, 2 ready, 3 failed */
+
+bool _keel_prim_thread_exit_init(void (*on_exit)(void* value)) {
+  int s = atomic_load(&exit_key_state);
+  if (s == 2) return true;
+  if (s == 3) return false;
+  int expected = 0;
+  if (atomic_compare_exchange_strong(&exit_key_state, &expected, 1)) {
+    /* pthread_key_create does not allocate: safe inside malloc. */
+    atomic_store(&exit_key_state, pthread_key_create(&exit_key, on_exit) == 0 ? 2 : 3);
+  }
+  while ((s = atomic_load(&exit_key_state)) == 1) sched_yield();
+  return s == 2;
+}
+
+void _keel_prim_thread_bind(void* value) {
+  /* Keys below PTHREAD_KEY_2NDLEVEL_SIZE (32) are stored inline: no allocation. */
+  if (atomic_load(&exit_key_state) == 2) pthread_setspecific(exit_key, value);
+}
+
+void _keel_prim_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void)) {
+  pthread_atfork(prepare, parent, child);
+}
+
+bool _keel_prim_thread_start(void* (*fn)(void*), void* arg) {
+  pthread_attr_t attr;
+  pthread_t tid;
+  if (pthread_attr_init(&attr) != 0) return false;
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_attr_setstacksize(&attr, 64 * 1024);
+  /* The helper must not receive the application's signals. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int rc = pthread_create(&tid, &attr, fn, arg);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  pthread_attr_destroy(&attr);
+  return rc == 0;
+}
+
+void _keel_prim_sleep_ms(uint64_t ms) {
+  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
