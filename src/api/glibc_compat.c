@@ -60,10 +60,7 @@ API void malloc_stats(void) {
 
 /* The same XML shape as glibc's malloc_info, with Keel's totals. */
 API int malloc_info(int options, FILE* fp) {
-  if (options != 0) {
-    _keel_prim_set_errno(_keel_prim_errno_einval());
-    return -1;
-  }
+  if (options != 0) return _keel_prim_errno_einval(); /* as glibc: no errno */
   keel_stats_t s;
   _keel_stats_collect(&s);
   fprintf(fp, "<malloc version=\"1\">\n<heap nr=\"0\">\n<sizes>\n</sizes>\n");

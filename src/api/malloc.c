@@ -133,10 +133,9 @@ static KEEL_NOINLINE void free_slow(void* p, const char* call) {
       _keel_block_start(cls, p, &exact);
       if (!exact) _keel_misuse(call, "invalid pointer", p, ": not the start of a block", _keel_classes[cls].size);
     }
-    keel_tcache_t* t = _keel_tc;
-    if (((uintptr_t*)p)[1] == (uintptr_t)t && t != &_keel_tc_empty &&
-        (_keel_tcache_contains(t, cls, p) || _keel_central_is_free(cls, p)))
+    if (((uintptr_t*)p)[1] == _keel_free_key)
       _keel_misuse(call, "double free of pointer", p, NULL, _keel_classes[cls].size);
+    keel_tcache_t* t = _keel_tc;
     _keel_tcache_free_slow(t, p, cls);
     return;
   }
@@ -156,8 +155,8 @@ static KEEL_NOINLINE void free_slow(void* p, const char* call) {
 }
 
 /* Fast path: the page map gives the size class; the block is pushed on the thread's bin.
- * The second word of a freed block holds the freeing thread's cache address, so freeing
- * it again from the same thread is noticed here and proven in the slow path. */
+ * A block whose second word holds the free key is already free (see _keel_free_key):
+ * the slow path reports the double free. */
 API void free(void* p) {
   uintptr_t a = (uintptr_t)p;
   uint8_t* leaf = _keel_pagemap_top[(a >> (KEEL_UNIT_SHIFT + KEEL_PAGEMAP_LEAF_BITS)) &
@@ -165,11 +164,12 @@ API void free(void* p) {
   if (KEEL_LIKELY(leaf != NULL)) {
     unsigned cls = leaf[(a >> KEEL_UNIT_SHIFT) & ((1u << KEEL_PAGEMAP_LEAF_BITS) - 1)];
     keel_tcache_t* t = _keel_tc;
-    if (KEEL_LIKELY((int8_t)cls > 0 && (a & 15) == 0 && ((uintptr_t*)p)[1] != (uintptr_t)t)) {
+    uintptr_t key = _keel_free_key;
+    if (KEEL_LIKELY((int8_t)cls > 0 && (a & 15) == 0 && ((uintptr_t*)p)[1] != key)) {
       keel_bin_t* b = &t->bins[cls];
       if (KEEL_LIKELY(b->avail != 0)) {
         ((void**)p)[0] = b->head;
-        ((uintptr_t*)p)[1] = (uintptr_t)t;
+        ((uintptr_t*)p)[1] = key;
         b->head = p;
         b->avail--;
         return;

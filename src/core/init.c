@@ -7,9 +7,9 @@
 #include "core/internal.h"
 
 bool _keel_ready;
+uintptr_t _keel_free_key = 1;
 size_t _keel_page_size = 4096;
 static _Atomic int init_state; /* 0 not started, 1 running, 2 done */
-static bool constructed;       /* our constructor ran: safe to create threads */
 
 void _keel_init(void) {
   int expected = 0;
@@ -19,6 +19,7 @@ void _keel_init(void) {
       _keel_fatal_internal(__FILE__, __LINE__, "OS page size larger than 64 KiB is not supported");
     _keel_options_init();
     _keel_classes_init();
+    _keel_free_key = (uintptr_t)_keel_prim_random() | 1;
     atomic_store(&init_state, 2);
     __atomic_store_n(&_keel_ready, true, __ATOMIC_RELEASE);
     return;
@@ -55,6 +56,7 @@ static void fork_parent(void) {
 }
 
 static _Atomic int background_state; /* 0 not started, 1 starting/running */
+static void background_start(void);
 
 static void fork_child(void) {
   if (!_keel_ready) return;
@@ -65,11 +67,16 @@ static void fork_child(void) {
   _keel_central_reset_locks();
   _keel_tcache_after_fork_child();
   atomic_store(&background_state, 0); /* the purger thread did not survive the fork */
+  background_start();
 }
 
 /* ---- background purging: memory freed for longer than the purge delay goes back to
  * the OS even if the program never calls malloc again (an idle server after a burst).
- * The thread is started on first need, from a slow path holding no lock. */
+ * The purger is started from the constructor and again in the child of a fork (from
+ * the fork handler, after libc has reset its own locks): never from inside malloc or
+ * free, whose caller may hold a libc lock that thread creation needs. Without the
+ * purger (KEEL_BACKGROUND_PURGE=0, or if it cannot start) purging still happens,
+ * amortised, when spans are freed. */
 uint64_t _keel_pageheap_dirty_bytes(void);
 bool _keel_huge_cache_pending(void);
 
@@ -84,9 +91,8 @@ static void* purger_main(void* arg) {
   return NULL;
 }
 
-void _keel_background_maybe_start(void) {
-  if (KEEL_LIKELY(atomic_load_explicit(&background_state, memory_order_relaxed) != 0)) return;
-  if (!constructed || !_keel_options.background_purge) return;
+static void background_start(void) {
+  if (!_keel_options.background_purge) return;
   int expected = 0;
   if (!atomic_compare_exchange_strong(&background_state, &expected, 1)) return;
   if (!_keel_prim_thread_start(purger_main, NULL)) atomic_store(&background_state, 2);
@@ -95,7 +101,7 @@ void _keel_background_maybe_start(void) {
 __attribute__((constructor(101))) static void keel_process_init(void) {
   _keel_init();
   _keel_prim_atfork(fork_prepare, fork_parent, fork_child);
-  constructed = true;
+  background_start();
 }
 
 __attribute__((destructor(101))) static void keel_process_exit(void) {

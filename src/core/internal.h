@@ -240,12 +240,17 @@ typedef struct keel_tcache_s {
 extern _Thread_local keel_tcache_t* _keel_tc KEEL_INTERNAL;
 extern keel_tcache_t _keel_tc_empty KEEL_INTERNAL;
 
+/* Every free block carries this process-random value in its second word, and every
+ * path that hands a block out clears it. So a block that still has it is free: freeing
+ * it again is a double free, whichever thread freed it first. The low bit is set so the
+ * key can never equal a pointer the program stored there. */
+extern uintptr_t _keel_free_key KEEL_INTERNAL;
+
 void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls) KEEL_INTERNAL;
 void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) KEEL_INTERNAL;
 void _keel_tcache_flush(keel_tcache_t* t) KEEL_INTERNAL;
 void _keel_tcache_thread_flush(void) KEEL_INTERNAL;
-/* Double-free suspicion (the block carries the freeing thread's key): returns true if p
- * is really free already. */
+/* True if p is in t's bin of class cls (tests and diagnostics). */
 bool _keel_tcache_contains(keel_tcache_t* t, unsigned cls, void* p) KEEL_INTERNAL;
 void _keel_tcache_lock_all(void) KEEL_INTERNAL;
 void _keel_tcache_unlock_all(void) KEEL_INTERNAL;
@@ -271,7 +276,6 @@ static inline void keel_ensure_init(void) {
   if (KEEL_UNLIKELY(!__atomic_load_n(&_keel_ready, __ATOMIC_ACQUIRE))) _keel_init();
 }
 extern size_t _keel_page_size KEEL_INTERNAL;
-void _keel_background_maybe_start(void) KEEL_INTERNAL;
 
 /* ---- errors (report.c) ---------------------------------------------------------------- */
 /* Prints one line "keel: CALL(): WHAT pointer 0x...DETAIL" and aborts. */

@@ -70,7 +70,8 @@ static keel_chunk_t* chunk_new(void) {
   c->magic = KEEL_CHUNK_MAGIC;
   c->free_mask = ALL_UNITS & ~(uint64_t)1; /* unit 0 is this header */
   c->dirty_mask = 0;                        /* fresh units hold no pages */
-  for (unsigned u = 0; u < KEEL_CHUNK_UNITS; u++) c->units[u].head = (uint8_t)u;
+  /* The unit descriptors stay untouched (zero) until used, so a new chunk costs one
+   * page of header, not 36 KiB: a free unit's head is only read once it is in a span. */
   c->units[0].state = KEEL_UNIT_LARGE; /* never handed out */
   chunk_count++;
   clean_free_units += KEEL_CHUNK_UNITS - 1;

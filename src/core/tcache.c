@@ -20,13 +20,26 @@ static keel_tcache_t* registry;    /* live caches */
 static keel_tcache_t* spare;       /* caches of exited threads, for reuse */
 static uint64_t live_caches, total_caches;
 
-/* First room for a bin: a batch, but no more than 32 KiB of blocks, so one use of a
- * big size class does not make the thread hold a megabyte. */
+/* Slow start: a bin starts with room for one block and grows by one each time it runs
+ * dry or overflows, up to a batch, then by batches up to its limit. A thread that
+ * allocates a little therefore takes only a little from the shared slabs (and touches
+ * no other memory), while a busy thread reaches full batches after a few misses. */
 static uint32_t initial_max(unsigned cls) {
+  (void)cls;
+  return 1;
+}
+
+/* More room for bin b, if its limit and the thread's byte budget allow. */
+static void bin_grow(keel_tcache_t* t, keel_bin_t* b, unsigned cls) {
   const keel_class_t* k = &_keel_classes[cls];
-  uint32_t m = (uint32_t)((32u << 10) / k->size);
-  if (m > k->batch) m = k->batch;
-  return m ? m : 1;
+  if (b->max >= k->bin_limit) return;
+  uint32_t grow = b->max < k->batch ? 1 : k->batch;
+  if (b->max + grow > k->bin_limit) grow = k->bin_limit - b->max;
+  if (b->max >= k->batch && t->max_bytes + (size_t)grow * k->size > _keel_options.tcache_bytes)
+    return;
+  b->max += grow;
+  b->avail += grow;
+  t->max_bytes += (size_t)grow * k->size;
 }
 
 static void bins_reset(keel_tcache_t* t) {
@@ -72,7 +85,6 @@ static keel_tcache_t* tcache_create(void) {
   _keel_prim_thread_bind(t);
   _keel_tc = t;
   thread_state = THREAD_CACHED;
-  _keel_background_maybe_start();
   return t;
 }
 
@@ -142,16 +154,7 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls) {
   keel_bin_t* b = &t->bins[cls];
   if (b->head == NULL) {
     const keel_class_t* k = &_keel_classes[cls];
-    /* Slow start: a bin that keeps running dry gets more room, up to its limit and
-     * within the thread's byte budget. */
-    if (b->max < k->bin_limit && t->refills > 0 &&
-        t->max_bytes + (size_t)k->batch * k->size <= _keel_options.tcache_bytes) {
-      uint32_t grow = b->max < k->batch ? k->batch - b->max : k->batch;
-      if (b->max + grow > k->bin_limit) grow = k->bin_limit - b->max;
-      b->max += grow;
-      b->avail += grow;
-      t->max_bytes += (size_t)grow * k->size;
-    }
+    bin_grow(t, b, cls);
     uint32_t want = b->max < k->batch ? b->max : k->batch;
     uint32_t got;
     void* list = _keel_central_take(cls, want, &got);
@@ -174,7 +177,8 @@ void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
   if (t == &_keel_tc_empty) {
     t = tcache_create();
     if (t == NULL) {
-      *(void**)p = NULL;
+      ((void**)p)[0] = NULL;
+      ((uintptr_t*)p)[1] = _keel_free_key;
       _keel_central_give(cls, p, 1);
       return;
     }
@@ -182,14 +186,8 @@ void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
   keel_bin_t* b = &t->bins[cls];
   if (b->avail == 0) {
     const keel_class_t* k = &_keel_classes[cls];
-    if (b->max < k->bin_limit &&
-        t->max_bytes + (size_t)k->batch * k->size <= _keel_options.tcache_bytes) {
-      uint32_t grow = k->batch;
-      if (b->max + grow > k->bin_limit) grow = k->bin_limit - b->max;
-      b->max += grow;
-      b->avail += grow;
-      t->max_bytes += (size_t)grow * k->size;
-    } else {
+    bin_grow(t, b, cls);
+    if (b->avail == 0) {
       /* Full: hand a batch back from the front of the bin (so it can park whole in
        * the transfer cache); walking n blocks, not the whole bin. */
       uint32_t count = b->max - b->avail, n = count < k->batch ? count : k->batch;
@@ -200,11 +198,10 @@ void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
       *last = NULL;
       b->avail += n;
       _keel_central_give(cls, list, n);
-      _keel_background_maybe_start();
     }
   }
   ((void**)p)[0] = b->head;
-  ((uintptr_t*)p)[1] = (uintptr_t)t;
+  ((uintptr_t*)p)[1] = _keel_free_key;
   b->head = p;
   b->avail--;
 }

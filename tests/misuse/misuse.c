@@ -1,0 +1,218 @@
+/* misuse.c -- commits exactly one heap misuse, chosen by argv[1], and expects to be
+ * stopped by Keel: run_misuse.sh checks that the process died of SIGABRT and that stderr
+ * holds Keel's report, e.g.
+ *
+ *   keel: free(): double free of pointer 0x7f3a2c001040 (block of 32 bytes)
+ *
+ * Before the misuse the program writes the pointer it is about to pass, as
+ *   misuse: <case>: <call>(0x...)
+ * so the driver can compare it with the address in Keel's report. If the misuse is not
+ * caught, the program says so and exits 0, which the driver reports as a failure.
+ *
+ * Usage: misuse <case>       (misuse --list prints the cases)
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <malloc.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#ifdef KEEL_TESTING_KEEL
+#include <keel.h>
+#endif
+
+/* Hide pointers from the optimiser (and from -Wfree-nonheap-object / -Wuse-after-free:
+ * every misuse here is deliberate). */
+static void* opaque(void* p) {
+  __asm__ __volatile__("" : "+r"(p) : : "memory");
+  return p;
+}
+
+static const char* current_case;
+
+static void announce(const char* call, const void* p) {
+  fprintf(stderr, "misuse: %s: %s(%p)\n", current_case, call, p);
+  fflush(stderr);
+}
+
+static void do_free(void* p) {
+  announce("free", p);
+  free(opaque(p));
+}
+
+static void* do_realloc(void* p, size_t n) {
+  announce("realloc", p);
+  return realloc(opaque(p), n);
+}
+
+/* ------------------------------------------------------------------ cases --- */
+
+/* free(a); free(b); free(a): the classic double free with another free of the same size
+ * class in between (a is no longer at the head of any free list). */
+static void double_free_small(void) {
+  char* a = malloc(32);
+  char* b = malloc(32);
+  memset(a, 1, 32);
+  memset(b, 2, 32);
+  free(opaque(a));
+  free(opaque(b));
+  do_free(a);
+}
+
+static void double_free_small_immediate(void) {
+  char* a = malloc(32);
+  memset(a, 1, 32);
+  free(opaque(a));
+  do_free(a);
+}
+
+/* The first free is followed by thousands of frees of the same size, so the block has
+ * most likely left the thread cache for a shared list before the second free. */
+static void double_free_small_flushed(void) {
+  enum { N = 5000 };
+  static char* others[N];
+  for (int i = 0; i < N; i++) others[i] = malloc(32);
+  char* a = malloc(32);
+  memset(a, 1, 32);
+  free(opaque(a));
+  for (int i = 0; i < N; i++) free(others[i]);
+  do_free(a);
+}
+
+/* The first free happens on another thread (which then exits). */
+static void* free_on_thread(void* p) {
+  free(opaque(p));
+  return NULL;
+}
+static void double_free_small_cross_thread(void) {
+  char* a = malloc(32);
+  memset(a, 1, 32);
+  pthread_t t;
+  if (pthread_create(&t, NULL, free_on_thread, a) != 0) {
+    fprintf(stderr, "misuse: pthread_create failed\n");
+    exit(2);
+  }
+  pthread_join(t, NULL);
+  do_free(a);
+}
+
+static void double_free_large(void) {
+  char* a = malloc(300000);
+  memset(a, 1, 300000);
+  free(opaque(a));
+  do_free(a);
+}
+
+static void double_free_huge(void) {
+  size_t n = (size_t)8 << 20;
+  char* a = malloc(n);
+  memset(a, 1, 4096);
+  free(opaque(a));
+  do_free(a);
+}
+
+static void double_free_aligned(void) {
+  char* a = memalign(4096, 5000);
+  memset(a, 1, 5000);
+  free(opaque(a));
+  do_free(a);
+}
+
+static void free_stack(void) {
+  char buf[256];
+  memset(buf, 0, sizeof buf);
+  do_free(buf + 64);
+}
+
+static void free_mmap(void) {
+  size_t n = 64 << 10;
+  char* p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    perror("misuse: mmap");
+    exit(2);
+  }
+  memset(p, 0, n);
+  do_free(p);
+}
+
+/* Interior pointer, not 16-aligned. */
+static void free_interior(void) {
+  char* p = malloc(100);
+  memset(p, 1, 100);
+  do_free(p + 8);
+}
+
+/* Interior pointer that is 16-aligned (p + 16 is inside the block, not its start). */
+static void free_interior_aligned(void) {
+  char* p = malloc(100);
+  memset(p, 1, 100);
+  do_free(p + 16);
+}
+
+static void realloc_stack(void) {
+  char buf[256];
+  memset(buf, 0, sizeof buf);
+  void* q = do_realloc(buf + 64, 100);
+  (void)q;
+}
+
+struct misuse_case {
+  const char* name;
+  void (*fn)(void);
+};
+static const struct misuse_case cases[] = {
+    {"double_free_small", double_free_small},
+    {"double_free_small_immediate", double_free_small_immediate},
+    {"double_free_small_flushed", double_free_small_flushed},
+    {"double_free_small_cross_thread", double_free_small_cross_thread},
+    {"double_free_large", double_free_large},
+    {"double_free_huge", double_free_huge},
+    {"double_free_aligned", double_free_aligned},
+    {"free_stack", free_stack},
+    {"free_mmap", free_mmap},
+    {"free_interior", free_interior},
+    {"free_interior_aligned", free_interior_aligned},
+    {"realloc_stack", realloc_stack},
+};
+
+int main(int argc, char** argv) {
+  size_t ncases = sizeof cases / sizeof *cases;
+  if (argc != 2) {
+    fprintf(stderr, "usage: %s <case>|--list\n", argv[0]);
+    return 2;
+  }
+  if (strcmp(argv[1], "--list") == 0) {
+    for (size_t i = 0; i < ncases; i++) printf("%s\n", cases[i].name);
+    return 0;
+  }
+#ifdef KEEL_TESTING_KEEL
+  /* Keel really is the allocator: its version is reachable and it counts our blocks. */
+  const char* v = keel_version();
+  keel_stats_t s;
+  memset(&s, 0, sizeof s);
+  s.size = sizeof s;
+  void* probe = opaque(malloc(64));
+  if (v == NULL || probe == NULL || keel_stats_get(&s) != 0 || s.threads_total < 1) {
+    fprintf(stderr, "misuse: Keel is not the allocator in use\n");
+    return 2;
+  }
+  free(probe);
+#endif
+  for (size_t i = 0; i < ncases; i++) {
+    if (strcmp(argv[1], cases[i].name) == 0) {
+      current_case = cases[i].name;
+      cases[i].fn();
+      fprintf(stderr, "misuse: %s: survived: the allocator did not stop the program\n",
+              current_case);
+      return 0;
+    }
+  }
+  fprintf(stderr, "misuse: unknown case '%s' (try --list)\n", argv[1]);
+  return 2;
+}

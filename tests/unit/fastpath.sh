@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Guards the fast path's cost: instructions per malloc(32)+free pair, counted by
+# callgrind (deterministic), must stay within a small margin of the golden number.
+# Usage: fastpath.sh LOOP_BINARY LIBKEEL GOLDEN_FILE [--update]
+set -euo pipefail
+loop=$1 lib=$2 golden=$3
+command -v valgrind >/dev/null || { echo "valgrind not installed"; exit 77; }
+count() { # instructions of one run with N iterations
+  LD_PRELOAD=$lib valgrind --tool=callgrind --callgrind-out-file=/dev/null "$loop" "$1" 2>&1 |
+    sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
+}
+a=$(count 200000); b=$(count 1200000)
+per=$(( (b - a) / 1000000 ))
+per_x100=$(( (b - a) / 10000 ))
+echo "instructions per malloc(32)+free pair (loop included): $per_x100 / 100"
+if [[ "${4:-}" == "--update" ]]; then echo "$per" > "$golden"; echo "golden updated"; exit 0; fi
+want=$(tr -dc 0-9 < "$golden")
+# One instruction of margin: compilers differ a little; a real regression is more.
+if (( per > want + 1 )); then
+  echo "FAIL: fast path grew from $want to $per instructions per pair"
+  echo "0 passed, 1 failed"; exit 1
+fi
+echo "fast path within golden ($want)"
+echo "1 passed, 0 failed"

@@ -1,0 +1,222 @@
+/* test_internals.c -- unit tests of Keel's internal structures, linked against the
+ * static library so the hidden internal functions are reachable. */
+#include "core/internal.h"
+#include "test.h"
+
+static void test_size_classes(void) {
+  TEST_SECTION("size classes");
+  _keel_init();
+  unsigned prev = 0;
+  for (size_t n = 1; n <= KEEL_CLASS_MAX; n++) {
+    unsigned cls = keel_size_class(n);
+    const keel_class_t* k = &_keel_classes[cls];
+    if (!(cls >= 1 && cls < KEEL_NUM_CLASSES)) { CHECK_MSG(0, "class %u out of range for %zu", cls, n); break; }
+    if (k->size < n) { CHECK_MSG(0, "class %u size %u < request %zu", cls, k->size, n); break; }
+    if (cls < prev) { CHECK_MSG(0, "classes not monotonic at %zu", n); break; }
+    /* The class is the smallest that fits: the one below is too small. */
+    if (cls > 1 && _keel_classes[cls - 1].size >= n) { CHECK_MSG(0, "class below also fits %zu", n); break; }
+    prev = cls;
+  }
+  CHECK(keel_size_class(KEEL_CLASS_MAX) == KEEL_NUM_CLASSES - 1);
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
+    const keel_class_t* k = &_keel_classes[cls];
+    CHECK(k->size % 16 == 0);
+    CHECK(k->count >= 8 && k->count <= KEEL_SLAB_MAX_OBJECTS);
+    CHECK((size_t)k->count * k->size <= (size_t)k->units * KEEL_UNIT_SIZE);
+    CHECK(k->units >= 1 && k->units <= 16);
+    CHECK(k->batch >= 2 && k->batch <= 32);
+    CHECK(k->bin_limit >= k->batch);
+    CHECK(k->transfer_max >= 1 && k->transfer_max <= KEEL_TRANSFER_SLOTS);
+    /* The division magic is exact for every block offset in a slab. */
+    size_t slab = (size_t)k->units * KEEL_UNIT_SIZE;
+    for (size_t off = 0; off < slab; off += (off < 4096 ? 1 : 977)) {
+      uint64_t q = ((uint64_t)off * k->div_magic) >> 40;
+      if (q != off / k->size) { CHECK_MSG(0, "div magic wrong: class %u off %zu", cls, off); break; }
+    }
+    /* Slack inside a block is bounded: at most 1/8 above 1 KiB, 15 bytes below. */
+    if (k->size > 1024) CHECK(_keel_classes[cls - 1].size * 9 >= k->size * 8 - 1);
+  }
+}
+
+static void test_pagemap(void) {
+  TEST_SECTION("page map");
+  uintptr_t base = (uintptr_t)0x00007e0000000000ull; /* never mapped: map is only data */
+  CHECK(keel_pagemap_get((void*)base) == KEEL_KIND_NONE);
+  CHECK(_keel_pagemap_set(base, 3, 42));
+  CHECK(keel_pagemap_get((void*)base) == 42);
+  CHECK(keel_pagemap_get((void*)(base + KEEL_UNIT_SIZE * 2 + 123)) == 42);
+  CHECK(keel_pagemap_get((void*)(base + KEEL_UNIT_SIZE * 3)) == KEEL_KIND_NONE);
+  CHECK(keel_pagemap_get((void*)(base - 1)) == KEEL_KIND_NONE);
+  /* A range across a 1 GiB leaf boundary. */
+  uintptr_t edge = base + ((uintptr_t)1 << 30) - KEEL_UNIT_SIZE;
+  CHECK(_keel_pagemap_set(edge, 2, 7));
+  CHECK(keel_pagemap_get((void*)edge) == 7);
+  CHECK(keel_pagemap_get((void*)(edge + KEEL_UNIT_SIZE)) == 7);
+  CHECK(_keel_pagemap_set(base, 3, KEEL_KIND_NONE) && _keel_pagemap_set(edge, 2, KEEL_KIND_NONE));
+  CHECK(keel_pagemap_get(NULL) == KEEL_KIND_NONE);
+}
+
+static void test_pageheap(void) {
+  TEST_SECTION("page heap spans");
+  bool zeroed;
+  keel_slab_t* a = _keel_pageheap_alloc(1, 1, &zeroed);
+  CHECK(a != NULL && zeroed);
+  keel_chunk_t* c = keel_chunk_of(a);
+  CHECK(c->magic == KEEL_CHUNK_MAGIC);
+  CHECK(a != &c->units[0]); /* unit 0 is the header */
+  keel_slab_t* b = _keel_pageheap_alloc(16, 1, &zeroed);
+  CHECK(b != NULL && b->units == 16);
+  /* An aligned span starts on a multiple of its alignment. */
+  keel_slab_t* al = _keel_pageheap_alloc(4, 8, &zeroed);
+  CHECK(al != NULL);
+  if (al) CHECK(((uintptr_t)keel_unit_addr(keel_chunk_of(al), (unsigned)(al - keel_chunk_of(al)->units)) & (8 * KEEL_UNIT_SIZE - 1)) == 0);
+  /* Every unit of a span points at its head. */
+  keel_chunk_t* bc = keel_chunk_of(b);
+  unsigned bk = (unsigned)(b - bc->units);
+  for (unsigned i = 0; i < 16; i++) CHECK(bc->units[bk + i].head == bk);
+  /* Freed units are dirty and reused first-fit; a reused dirty span is not zeroed. */
+  char* mem = (char*)keel_unit_addr(bc, bk);
+  memset(mem, 0x5a, KEEL_UNIT_SIZE);
+  _keel_pageheap_free(b);
+  CHECK((bc->free_mask >> bk) & 1);
+  CHECK((bc->dirty_mask >> bk) & 1);
+  keel_slab_t* b2 = _keel_pageheap_alloc(16, 1, &zeroed);
+  CHECK(b2 == b && !zeroed);
+  /* Growing in place takes the free units after the span. */
+  _keel_pageheap_shrink(b2, 4);
+  CHECK(b2->units == 4);
+  CHECK(_keel_pageheap_grow_in_place(b2, 10));
+  CHECK(b2->units == 10);
+  _keel_pageheap_free(b2);
+  _keel_pageheap_free(a);
+  _keel_pageheap_free(al);
+  /* Purging everything makes dirty units clean and reading them gives zeros. */
+  _keel_pageheap_purge(true);
+  keel_stats_t s = {0};
+  s.size = sizeof s;
+  keel_stats_get(&s);
+  CHECK(s.purged_bytes >= 16 * KEEL_UNIT_SIZE);
+}
+
+static void test_central(void) {
+  TEST_SECTION("central lists and slabs");
+  unsigned cls = keel_size_class(48);
+  const keel_class_t* k = &_keel_classes[cls];
+  uint32_t got = 0;
+  void* list = _keel_central_take(cls, k->batch, &got);
+  CHECK(list != NULL && got == k->batch);
+  /* The list is NULL-terminated, blocks are distinct, in one slab of the right class. */
+  uint32_t n = 0;
+  void* first = list;
+  for (void* p = list; p; p = *(void**)p) {
+    n++;
+    CHECK(keel_pagemap_get(p) == cls);
+    bool exact;
+    CHECK(_keel_block_start(cls, p, &exact) == p && exact);
+    CHECK(!_keel_central_is_free(cls, p));
+  }
+  CHECK(n == got);
+  bool exact;
+  _keel_block_start(cls, (char*)first + 16, &exact);
+  CHECK(!exact);
+  /* Returning fewer than a batch puts them back in their slab: now provably free. */
+  void* second = *(void**)first;
+  *(void**)first = NULL;
+  _keel_central_give(cls, first, 1);
+  CHECK(_keel_central_is_free(cls, first));
+  /* A whole batch parks in the transfer cache and comes back whole. */
+  uint32_t got2;
+  void* list2 = _keel_central_take(cls, k->batch, &got2);
+  CHECK(got2 == k->batch);
+  _keel_central_give(cls, list2, got2);
+  CHECK(_keel_central_is_free(cls, list2)); /* found in the transfer cache */
+  uint32_t got3;
+  void* list3 = _keel_central_take(cls, k->batch, &got3);
+  CHECK(list3 == list2 && got3 == got2);
+  /* Give everything back. */
+  uint32_t rest = 0;
+  for (void* p = second; p; p = *(void**)p) rest++;
+  _keel_central_give(cls, second, rest);
+  _keel_central_give(cls, list3, got3);
+  _keel_central_drain_all();
+  CHECK(_keel_central[cls].out == 0);
+}
+
+static void test_huge_table(void) {
+  TEST_SECTION("huge blocks and their table");
+  enum { N = 300 }; /* more than the first table size, to force growth */
+  static void* blocks[N];
+  for (int i = 0; i < N; i++) {
+    blocks[i] = _keel_huge_alloc(KEEL_LARGE_MAX + 1 + (size_t)i * 4096, 0, i % 2 == 0);
+    CHECK(blocks[i] != NULL);
+    CHECK(keel_pagemap_get(blocks[i]) == KEEL_KIND_HUGE);
+  }
+  for (int i = 0; i < N; i++) CHECK(_keel_huge_usable(blocks[i]) >= KEEL_LARGE_MAX + 1 + (size_t)i * 4096);
+  CHECK(_keel_huge_usable((char*)blocks[3] + 4096) == 0);
+  for (int i = 0; i < N; i += 2) CHECK(_keel_huge_free(blocks[i]));
+  for (int i = 1; i < N; i += 2) CHECK(_keel_huge_usable(blocks[i]) > 0); /* survive removals */
+  for (int i = 0; i < N; i += 2) CHECK(!_keel_huge_free(blocks[i]));    /* already gone */
+  for (int i = 1; i < N; i += 2) CHECK(_keel_huge_free(blocks[i]));
+  CHECK(_keel_huge_purge(true) > 0);
+  /* Alignment larger than a chunk. */
+  void* p = _keel_huge_alloc(3 << 20, 8 << 20, false);
+  CHECK(p != NULL && ((uintptr_t)p & ((8 << 20) - 1)) == 0);
+  CHECK(_keel_huge_free(p));
+}
+
+static void test_options(void) {
+  TEST_SECTION("options from the environment");
+  keel_options_t saved = _keel_options;
+  setenv("KEEL_PURGE_DELAY", "250", 1);
+  setenv("KEEL_TCACHE_MAX", "2M", 1);
+  setenv("KEEL_STATS", "on", 1);
+  setenv("KEEL_HUGE_PAGE_SIZE", "512MiB", 1);
+  _keel_options_init();
+  CHECK(_keel_options.purge_delay_ms == 250);
+  CHECK(_keel_options.tcache_bytes == 2u << 20);
+  CHECK(_keel_options.stats_at_exit);
+  CHECK(_keel_options.huge_page_size == 512u << 20);
+  /* Bad values: a warning and the value is left as it was. */
+  setenv("KEEL_TCACHE_MAX", "lots", 1);
+  setenv("KEEL_STATS", "maybe", 1);
+  _keel_options_init();
+  CHECK(_keel_options.tcache_bytes == 2u << 20);
+  CHECK(_keel_options.stats_at_exit);
+  unsetenv("KEEL_PURGE_DELAY");
+  unsetenv("KEEL_TCACHE_MAX");
+  unsetenv("KEEL_STATS");
+  unsetenv("KEEL_HUGE_PAGE_SIZE");
+  _keel_options = saved;
+}
+
+static void test_thread_cache(void) {
+  TEST_SECTION("thread cache bins");
+  /* After a malloc/free the calling thread has a real cache whose bins respect their
+   * limits, and flushing empties it. */
+  void* p = malloc(64);
+  free(p);
+  keel_tcache_t* t = _keel_tc;
+  CHECK(t != &_keel_tc_empty);
+  unsigned cls = keel_size_class(64);
+  CHECK(t->bins[cls].head == p);
+  CHECK(_keel_tcache_contains(t, cls, p));
+  for (unsigned c = 1; c < KEEL_NUM_CLASSES; c++) CHECK(t->bins[c].avail <= t->bins[c].max);
+  void* many[2000];
+  for (int i = 0; i < 2000; i++) many[i] = malloc(64);
+  for (int i = 0; i < 2000; i++) free(many[i]);
+  CHECK(t->bins[cls].max <= _keel_classes[cls].bin_limit);
+  keel_thread_flush();
+  CHECK(t->bins[cls].head == NULL);
+  CHECK(!_keel_tcache_contains(t, cls, p));
+}
+
+int main(void) {
+  test_size_classes();
+  test_pagemap();
+  test_pageheap();
+  test_central();
+  test_huge_table();
+  test_options();
+  test_thread_cache();
+  return test_finish();
+}
