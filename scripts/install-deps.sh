@@ -12,7 +12,7 @@ alloc_pkgs=(libjemalloc2 libjemalloc-dev libtcmalloc-minimal4 libgoogle-perftool
             libmimalloc2.0)
 # Real servers and their load generators, for the override tests and the lab.
 server_pkgs=(redis-server redis-tools mariadb-server mariadb-client sysbench
-             postgresql postgresql-contrib python3 procps psmisc)
+             postgresql postgresql-contrib python3 procps psmisc sphinxsearch)
 
 want=("${build_pkgs[@]}" "${alloc_pkgs[@]}")
 [[ "${1:-}" == "--no-servers" ]] || want+=("${server_pkgs[@]}")
