@@ -159,10 +159,14 @@ static KEEL_NOINLINE void free_slow(void* p, const char* call) {
  * the slow path reports the double free. */
 API void free(void* p) {
   uintptr_t a = (uintptr_t)p;
-  uint8_t* leaf = _keel_pagemap_top[(a >> (KEEL_UNIT_SHIFT + KEEL_PAGEMAP_LEAF_BITS)) &
-                                    ((1u << KEEL_PAGEMAP_TOP_BITS) - 1)];
+  /* Relaxed loads: plain moves, and any entry we can see for a live block was written
+   * before the block was handed out (through a lock). */
+  uint8_t* leaf = __atomic_load_n(&_keel_pagemap_top[(a >> (KEEL_UNIT_SHIFT + KEEL_PAGEMAP_LEAF_BITS)) &
+                                                     ((1u << KEEL_PAGEMAP_TOP_BITS) - 1)],
+                                  __ATOMIC_RELAXED);
   if (KEEL_LIKELY(leaf != NULL)) {
-    unsigned cls = leaf[(a >> KEEL_UNIT_SHIFT) & ((1u << KEEL_PAGEMAP_LEAF_BITS) - 1)];
+    unsigned cls = __atomic_load_n(&leaf[(a >> KEEL_UNIT_SHIFT) & ((1u << KEEL_PAGEMAP_LEAF_BITS) - 1)],
+                                   __ATOMIC_RELAXED);
     keel_tcache_t* t = _keel_tc;
     uintptr_t key = _keel_free_key;
     if (KEEL_LIKELY((int8_t)cls > 0 && (a & 15) == 0 && ((uintptr_t*)p)[1] != key)) {

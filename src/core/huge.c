@@ -13,6 +13,7 @@ typedef struct huge_entry_s {
 } huge_entry_t;
 
 #define CACHE_SLOTS 8
+#define CACHE_MAX_BYTES ((size_t)64 << 20) /* committed memory the cache may hold */
 typedef struct cached_map_s {
   void* addr;
   size_t size;
@@ -85,29 +86,37 @@ static void table_remove(huge_entry_t* e) {
 
 static size_t round_pages(size_t n) { return (n + _keel_page_size - 1) & ~(_keel_page_size - 1); }
 
-/* Takes the smallest cached mapping that fits `size` without wasting more than a
- * quarter of it; trims the excess. Lock held. */
-static void* cache_take(size_t size) {
-  size_t best = CACHE_SLOTS;
-  for (size_t i = 0; i < cache_count; i++)
-    if (cache[i].size >= size && cache[i].size - size <= size / 4 &&
-        (best == CACHE_SLOTS || cache[i].size < cache[best].size))
-      best = i;
+/* Takes the cached mapping closest in size to `size` and fits it: a larger one has its
+ * tail unmapped, a smaller one is grown with mremap (the new part arrives as fresh zero
+ * pages). Sets *dirty_bytes to how much of the result may hold old data. Lock held. */
+static void* cache_take(size_t size, size_t* dirty_bytes) {
+  size_t best = CACHE_SLOTS, best_gap = SIZE_MAX;
+  for (size_t i = 0; i < cache_count; i++) {
+    size_t gap = cache[i].size > size ? cache[i].size - size : size - cache[i].size;
+    if (gap < best_gap) best = i, best_gap = gap;
+  }
   if (best == CACHE_SLOTS) return NULL;
   cached_map_t m = cache[best];
+  void* p = m.addr;
+  if (m.size > size) {
+    _keel_prim_unmap((char*)m.addr + size, m.size - size);
+  } else if (m.size < size) {
+    p = _keel_prim_remap(m.addr, m.size, size, true);
+    if (p == NULL) return NULL; /* leave it cached; the caller maps afresh */
+  }
   cache[best] = cache[--cache_count];
   cached_bytes -= m.size;
-  if (m.size > size) _keel_prim_unmap((char*)m.addr + size, m.size - size);
-  return m.addr;
+  *dirty_bytes = m.size < size ? m.size : size;
+  return p;
 }
 
 void* _keel_huge_alloc(size_t size, size_t align, bool zero) {
   size_t bytes = round_pages(size);
   if (bytes < size) goto oom;
   void* p = NULL;
-  bool fresh = true;
+  size_t dirty = 0;
   keel_lock(&huge_lock);
-  if (align <= _keel_page_size && (p = cache_take(bytes)) != NULL) fresh = false;
+  if (align <= _keel_page_size) p = cache_take(bytes, &dirty);
   keel_unlock(&huge_lock);
   if (p == NULL) p = _keel_prim_map(bytes, align, NULL);
   if (p == NULL) goto oom;
@@ -120,7 +129,7 @@ void* _keel_huge_alloc(size_t size, size_t align, bool zero) {
     _keel_prim_unmap(p, bytes);
     goto oom;
   }
-  if (zero && !fresh) memset(p, 0, size);
+  if (zero && dirty) memset(p, 0, dirty < size ? dirty : size);
   return p;
 oom:
   _keel_prim_set_errno(_keel_prim_errno_enomem());
@@ -138,20 +147,24 @@ bool _keel_huge_free(void* p) {
   table_remove(e);
   live_bytes -= size;
   _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_FREED);
-  cached_map_t evict = {NULL, 0, 0};
-  if (_keel_options.purge_delay_ms > 0) {
-    if (cache_count == CACHE_SLOTS) { /* evict the oldest */
+  cached_map_t evict = {p, size, 0}; /* unmapped unless it fits in the cache */
+  if (_keel_options.purge_delay_ms > 0 && size <= CACHE_MAX_BYTES) {
+    /* Make room: evict the oldest entries until this one fits. */
+    while (cache_count > 0 && (cache_count == CACHE_SLOTS || cached_bytes + size > CACHE_MAX_BYTES)) {
       size_t old = 0;
       for (size_t i = 1; i < cache_count; i++)
         if (cache[i].freed_ms < cache[old].freed_ms) old = i;
-      evict = cache[old];
+      cached_map_t gone = cache[old];
       cache[old] = cache[--cache_count];
-      cached_bytes -= evict.size;
+      cached_bytes -= gone.size;
+      keel_unlock(&huge_lock);
+      _keel_prim_unmap(gone.addr, gone.size);
+      __atomic_fetch_add(&huge_purged, gone.size, __ATOMIC_RELAXED);
+      keel_lock(&huge_lock);
     }
     cache[cache_count++] = (cached_map_t){p, size, _keel_prim_clock_ms()};
     cached_bytes += size;
-  } else {
-    evict = (cached_map_t){p, size, 0};
+    evict.addr = NULL;
   }
   keel_unlock(&huge_lock);
   if (evict.addr) {
