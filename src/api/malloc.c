@@ -7,6 +7,15 @@
 
 #define API __attribute__((visibility("default")))
 
+/* KEEL_PREFIX builds export keel_malloc, keel_free, ... instead of replacing the C
+ * allocator: for sanitizer builds (TSan brings its own malloc) and for programs that
+ * want Keel beside the system allocator. */
+#ifdef KEEL_PREFIX
+#define KEEL_FN(name) keel_##name
+#else
+#define KEEL_FN(name) name
+#endif
+
 /* ---- allocation -------------------------------------------------------------------- */
 
 static void* alloc_class(unsigned cls) {
@@ -41,7 +50,7 @@ static KEEL_NOINLINE void* alloc_slow(size_t n, bool zero) {
 }
 
 /* Fast path: about a dozen instructions for sizes 1..1024 when the bin has a block. */
-API void* malloc(size_t n) {
+API void* KEEL_FN(malloc)(size_t n) {
   size_t m = n - 1;
   if (KEEL_LIKELY(m < KEEL_SMALL_MAX)) {
     keel_tcache_t* t = _keel_tc;
@@ -57,11 +66,11 @@ API void* malloc(size_t n) {
   return alloc_slow(n, false);
 }
 
-API void* calloc(size_t count, size_t size) {
+API void* KEEL_FN(calloc)(size_t count, size_t size) {
   size_t n;
   if (KEEL_UNLIKELY(__builtin_mul_overflow(count, size, &n))) return enomem();
   if (n <= KEEL_SMALL_MAX && n > 0) {
-    void* p = malloc(n);
+    void* p = KEEL_FN(malloc)(n);
     if (p) memset(p, 0, n);
     return p;
   }
@@ -89,8 +98,8 @@ static bool is_pow2(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
 /* glibc 2.36 memalign: alignments up to 16 are plain malloc; others are rounded up to
  * a power of two; absurd alignments fail with EINVAL. aligned_alloc is the same. */
-API void* memalign(size_t align, size_t n) {
-  if (align <= 16) return malloc(n);
+API void* KEEL_FN(memalign)(size_t align, size_t n) {
+  if (align <= 16) return KEEL_FN(malloc)(n);
   if (align > ((size_t)1 << (sizeof(size_t) * 8 - 1))) {
     _keel_prim_set_errno(_keel_prim_errno_einval());
     return NULL;
@@ -99,26 +108,26 @@ API void* memalign(size_t align, size_t n) {
   return alloc_aligned(align, n);
 }
 
-API void* aligned_alloc(size_t align, size_t n) { return memalign(align, n); }
+API void* KEEL_FN(aligned_alloc)(size_t align, size_t n) { return KEEL_FN(memalign)(align, n); }
 
-API int posix_memalign(void** out, size_t align, size_t n) {
+API int KEEL_FN(posix_memalign)(void** out, size_t align, size_t n) {
   if (align % sizeof(void*) != 0 || !is_pow2(align)) return _keel_prim_errno_einval();
-  void* p = align <= 16 ? malloc(n) : alloc_aligned(align, n);
+  void* p = align <= 16 ? KEEL_FN(malloc)(n) : alloc_aligned(align, n);
   if (p == NULL) return _keel_prim_errno_enomem();
   *out = p;
   return 0;
 }
 
-API void* valloc(size_t n) {
+API void* KEEL_FN(valloc)(size_t n) {
   keel_ensure_init();
   return memalign(_keel_page_size, n);
 }
 
-API void* pvalloc(size_t n) {
+API void* KEEL_FN(pvalloc)(size_t n) {
   keel_ensure_init();
   size_t page = _keel_page_size;
   if (n > SIZE_MAX - page) return enomem();
-  return memalign(page, n ? (n + page - 1) & ~(page - 1) : page);
+  return KEEL_FN(memalign)(page, n ? (n + page - 1) & ~(page - 1) : page);
 }
 
 /* ---- free -------------------------------------------------------------------------- */
@@ -157,7 +166,7 @@ static KEEL_NOINLINE void free_slow(void* p, const char* call) {
 /* Fast path: the page map gives the size class; the block is pushed on the thread's bin.
  * A block whose second word holds the free key is already free (see _keel_free_key):
  * the slow path reports the double free. */
-API void free(void* p) {
+API void KEEL_FN(free)(void* p) {
   uintptr_t a = (uintptr_t)p;
   /* Relaxed loads: plain moves, and any entry we can see for a live block was written
    * before the block was handed out (through a lock). */
@@ -183,12 +192,12 @@ API void free(void* p) {
   free_slow(p, "free");
 }
 
-API void cfree(void* p) { free(p); }
-API void free_sized(void* p, size_t size) { (void)size; free(p); }
-API void free_aligned_sized(void* p, size_t align, size_t size) {
+API void KEEL_FN(cfree)(void* p) { KEEL_FN(free)(p); }
+API void KEEL_FN(free_sized)(void* p, size_t size) { (void)size; KEEL_FN(free)(p); }
+API void KEEL_FN(free_aligned_sized)(void* p, size_t align, size_t size) {
   (void)align;
   (void)size;
-  free(p);
+  KEEL_FN(free)(p);
 }
 
 /* ---- sizes and realloc ------------------------------------------------------------- */
@@ -207,12 +216,12 @@ static size_t usable_size(const void* p, const char* call) {
   return n;
 }
 
-API size_t malloc_usable_size(void* p) { return p ? usable_size(p, "malloc_usable_size") : 0; }
+API size_t KEEL_FN(malloc_usable_size)(void* p) { return p ? usable_size(p, "malloc_usable_size") : 0; }
 
-API void* realloc(void* p, size_t n) {
-  if (p == NULL) return malloc(n);
+API void* KEEL_FN(realloc)(void* p, size_t n) {
+  if (p == NULL) return KEEL_FN(malloc)(n);
   if (n == 0) { /* glibc: frees and returns NULL */
-    free(p);
+    KEEL_FN(free)(p);
     return NULL;
   }
   if (n > KEEL_MAX_ALLOC) return enomem();
@@ -229,14 +238,14 @@ API void* realloc(void* p, size_t n) {
     void* q = _keel_huge_realloc(p, n);
     if (q) return q;
   }
-  void* q = malloc(n);
+  void* q = KEEL_FN(malloc)(n);
   if (q == NULL) return NULL;
   memcpy(q, p, old < n ? old : n);
-  free(p);
+  KEEL_FN(free)(p);
   return q;
 }
 
-API void* reallocarray(void* p, size_t count, size_t size) {
+API void* KEEL_FN(reallocarray)(void* p, size_t count, size_t size) {
   size_t n;
   if (__builtin_mul_overflow(count, size, &n)) return enomem();
   return realloc(p, n);

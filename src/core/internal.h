@@ -295,6 +295,12 @@ void _keel_buf_u64(keel_buf_t* b, uint64_t v) KEEL_INTERNAL;
 void _keel_buf_hex(keel_buf_t* b, uint64_t v) KEEL_INTERNAL;
 void _keel_buf_pad(keel_buf_t* b, size_t col) KEEL_INTERNAL;
 
+/* ---- invariants (verify.c) ----------------------------------------------------------
+ * Walks every structure and aborts on the first inconsistency. Expensive: tests, and
+ * KEEL_DEBUG >= 2 builds (which run it every KEEL_VERIFY_EVERY slow-path calls). */
+void _keel_verify(void) KEEL_INTERNAL;
+#define KEEL_VERIFY_EVERY 4096
+
 /* ---- statistics (stats.c) ------------------------------------------------------------- */
 void _keel_stats_collect(keel_stats_t* out) KEEL_INTERNAL;
 void _keel_stats_at_exit(void) KEEL_INTERNAL;

@@ -147,6 +147,10 @@ static void* central_alloc_one(unsigned cls) {
 }
 
 void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls) {
+#if KEEL_DEBUG >= 2
+  static _Thread_local unsigned verify_tick;
+  if (++verify_tick % KEEL_VERIFY_EVERY == 0) _keel_verify();
+#endif
   if (t == &_keel_tc_empty) {
     t = tcache_create();
     if (t == NULL) return central_alloc_one(cls);

@@ -210,6 +210,21 @@ static void test_thread_cache(void) {
   CHECK(!_keel_tcache_contains(t, cls, p));
 }
 
+static void test_verify(void) {
+  TEST_SECTION("invariant walk over a busy heap");
+  void* blocks[3000];
+  for (int i = 0; i < 3000; i++) blocks[i] = malloc((size_t)(i * 37) % 200000 + 1);
+  for (int i = 0; i < 3000; i += 3) free(blocks[i]);
+  _keel_verify(); /* aborts on a broken invariant */
+  for (int i = 1; i < 3000; i += 3) free(blocks[i]);
+  keel_thread_flush();
+  _keel_verify();
+  for (int i = 2; i < 3000; i += 3) free(blocks[i]);
+  keel_purge();
+  _keel_verify();
+  CHECK(1);
+}
+
 int main(void) {
   test_size_classes();
   test_pagemap();
@@ -218,5 +233,6 @@ int main(void) {
   test_huge_table();
   test_options();
   test_thread_cache();
+  test_verify();
   return test_finish();
 }

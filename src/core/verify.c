@@ -1,0 +1,98 @@
+/* verify.c -- the expensive invariant walk (KEEL_DEBUG >= 2, and tests): every chunk,
+ * slab, transfer batch and the calling thread's cache are checked against each other.
+ * Stops the process with the first broken invariant. Takes the locks in the global
+ * order, so it may run while other threads allocate. */
+#include "core/internal.h"
+
+#define VERIFY(cond) ((cond) ? (void)0 : _keel_fatal_internal(__FILE__, __LINE__, "invariant: " #cond))
+
+keel_chunk_t* _keel_pageheap_first_chunk(unsigned run);
+
+static void verify_slab(keel_chunk_t* c, unsigned k, keel_slab_t* s, uint64_t* used_by_class) {
+  unsigned cls = s->cls;
+  VERIFY(cls >= 1 && cls < KEEL_NUM_CLASSES);
+  const keel_class_t* kc = &_keel_classes[cls];
+  VERIFY(s->units == kc->units);
+  uint32_t free_blocks = 0;
+  unsigned words = (kc->count + 63) / 64;
+  for (unsigned w = 0; w < words; w++) {
+    free_blocks += (uint32_t)__builtin_popcountll(s->free_bits[w]);
+    if (w < s->scan) VERIFY(s->free_bits[w] == 0);
+  }
+  if (kc->count % 64) VERIFY((s->free_bits[words - 1] >> (kc->count % 64)) == 0);
+  VERIFY(free_blocks + s->used == kc->count);
+  VERIFY(s->in_partial == (s->used < kc->count) || s->used == 0);
+  for (unsigned u = 0; u < s->units; u++) {
+    VERIFY(c->units[k + u].head == k);
+    VERIFY(keel_pagemap_get(keel_unit_addr(c, k + u)) == cls);
+  }
+  used_by_class[cls] += s->used;
+}
+
+void _keel_verify(void) {
+  static uint64_t used_by_class[KEEL_NUM_CLASSES];
+  keel_ensure_init();
+  _keel_central_lock_all();
+  _keel_pageheap_lock_all();
+  memset(used_by_class, 0, sizeof used_by_class);
+  for (unsigned r = 0; r < KEEL_CHUNK_UNITS; r++) {
+    for (keel_chunk_t* c = _keel_pageheap_first_chunk(r); c != NULL; c = c->next) {
+      VERIFY(c->magic == KEEL_CHUNK_MAGIC);
+      VERIFY(c->run == r);
+      VERIFY((c->free_mask & 1) == 0);
+      VERIFY((c->dirty_mask & ~c->free_mask) == 0);
+      for (unsigned k = 1; k < KEEL_CHUNK_UNITS;) {
+        keel_slab_t* s = &c->units[k];
+        if ((c->free_mask >> k) & 1) {
+          VERIFY(s->state == KEEL_UNIT_FREE || s->state == 0);
+          uint8_t tag = keel_pagemap_get(keel_unit_addr(c, k));
+          VERIFY(tag == KEEL_KIND_NONE || tag == KEEL_KIND_FREED);
+          k++;
+          continue;
+        }
+        VERIFY(s->head == k && s->units >= 1 && k + s->units <= KEEL_CHUNK_UNITS);
+        if (s->state == KEEL_UNIT_SLAB) {
+          verify_slab(c, k, s, used_by_class);
+        } else {
+          VERIFY(s->state == KEEL_UNIT_LARGE);
+          VERIFY(keel_pagemap_get(keel_unit_addr(c, k)) == KEEL_KIND_LARGE);
+          VERIFY(s->size == (uint64_t)s->units << KEEL_UNIT_SHIFT);
+        }
+        k += s->units;
+      }
+    }
+  }
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
+    keel_central_t* cl = &_keel_central[cls];
+    const keel_class_t* kc = &_keel_classes[cls];
+    VERIFY(cl->out == used_by_class[cls]);
+    VERIFY(cl->nbatches <= kc->transfer_max);
+    for (uint32_t b = 0; b < cl->nbatches; b++) {
+      uint32_t n = 0;
+      for (void** q = (void**)cl->batches[b]; q != NULL; q = (void**)q[0], n++) {
+        VERIFY(keel_pagemap_get(q) == cls);
+      }
+      VERIFY(n == kc->batch);
+    }
+    for (keel_slab_t* s = cl->partial; s != NULL; s = s->next) {
+      VERIFY(s->state == KEEL_UNIT_SLAB && s->cls == cls && s->in_partial);
+      VERIFY(s->used < kc->count);
+    }
+  }
+  _keel_pageheap_unlock_all();
+  _keel_central_unlock_all();
+  /* The calling thread's own cache (other threads' caches change under our feet). */
+  keel_tcache_t* t = _keel_tc;
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
+    keel_bin_t* b = &t->bins[cls];
+    VERIFY(b->avail <= b->max);
+    uint32_t n = 0;
+    /* (Blocks refilled from a slab have never been handed out, so they need not
+     * carry the free key yet.) */
+    for (void** q = (void**)b->head; q != NULL; q = (void**)q[0], n++) {
+      VERIFY(keel_pagemap_get(q) == cls);
+      VERIFY(n <= b->max);
+    }
+    VERIFY(n == b->max - b->avail);
+  }
+}
