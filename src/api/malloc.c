@@ -120,7 +120,7 @@ API int KEEL_FN(posix_memalign)(void** out, size_t align, size_t n) {
 
 API void* KEEL_FN(valloc)(size_t n) {
   keel_ensure_init();
-  return memalign(_keel_page_size, n);
+  return KEEL_FN(memalign)(_keel_page_size, n);
 }
 
 API void* KEEL_FN(pvalloc)(size_t n) {
@@ -248,5 +248,5 @@ API void* KEEL_FN(realloc)(void* p, size_t n) {
 API void* KEEL_FN(reallocarray)(void* p, size_t count, size_t size) {
   size_t n;
   if (__builtin_mul_overflow(count, size, &n)) return enomem();
-  return realloc(p, n);
+  return KEEL_FN(realloc)(p, n);
 }
