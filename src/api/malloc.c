@@ -18,19 +18,6 @@
 
 /* ---- allocation -------------------------------------------------------------------- */
 
-static void* alloc_class(unsigned cls) {
-  keel_tcache_t* t = _keel_tc;
-  keel_bin_t* b = &t->bins[cls];
-  void** p = (void**)b->head;
-  if (KEEL_LIKELY(p != NULL)) {
-    b->head = p[0];
-    b->avail++;
-    p[1] = NULL;
-    return p;
-  }
-  return _keel_tcache_alloc_slow(t, cls);
-}
-
 static void* enomem(void) {
   _keel_prim_set_errno(_keel_prim_errno_enomem());
   return NULL;
@@ -39,14 +26,8 @@ static void* enomem(void) {
 /* Any size, any alignment <= 16; zero: the caller needs zeroed memory. */
 static KEEL_NOINLINE void* alloc_slow(size_t n, bool zero) {
   keel_ensure_init();
-  if (n <= KEEL_CLASS_MAX) {
-    void* p = alloc_class(keel_size_class(n ? n : 1));
-    if (zero && p) memset(p, 0, n);
-    return p;
-  }
-  if (n <= KEEL_LARGE_MAX) return _keel_large_alloc(n, 0, zero);
-  if (n > KEEL_MAX_ALLOC) return enomem();
-  return _keel_huge_alloc(n, 0, zero);
+  if (KEEL_UNLIKELY(_keel_options.check)) return _keel_checked_alloc(n, 0, zero);
+  return _keel_alloc_any(n, 0, zero, true);
 }
 
 /* Fast path: about a dozen instructions for sizes 1..1024 when the bin has a block. */
@@ -77,21 +58,11 @@ API void* KEEL_FN(calloc)(size_t count, size_t size) {
   return alloc_slow(n, true);
 }
 
-/* Alignment is a power of two > 16. Small classes whose size is a multiple of the
- * alignment hold only aligned blocks (slabs start on 64 KiB boundaries). */
+/* Alignment is a power of two > 16. */
 static void* alloc_aligned(size_t align, size_t n) {
   keel_ensure_init();
-  if (n == 0) n = 1;
-  if (n > KEEL_MAX_ALLOC) return enomem();
-  size_t rounded = (n + align - 1) & ~(align - 1);
-  if (align <= KEEL_UNIT_SIZE && rounded <= KEEL_CLASS_MAX) {
-    unsigned cls = keel_size_class(rounded);
-    while (cls < KEEL_NUM_CLASSES && _keel_classes[cls].size % align != 0) cls++;
-    if (cls < KEEL_NUM_CLASSES) return alloc_class(cls);
-  }
-  if (n <= KEEL_LARGE_MAX && align <= KEEL_CHUNK_SIZE / 2)
-    return _keel_large_alloc(n > KEEL_CLASS_MAX ? n : KEEL_CLASS_MAX + 1, align, false);
-  return _keel_huge_alloc(n, align, false);
+  if (KEEL_UNLIKELY(_keel_options.check)) return _keel_checked_alloc(n, align, false);
+  return _keel_alloc_any(n, align, false, true);
 }
 
 static bool is_pow2(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
@@ -134,6 +105,10 @@ API void* KEEL_FN(pvalloc)(size_t n) {
 
 static KEEL_NOINLINE void free_slow(void* p, const char* call) {
   if (p == NULL) return;
+  if (KEEL_UNLIKELY(_keel_options.check)) {
+    _keel_checked_free(p, call);
+    return;
+  }
   uint8_t kind = keel_pagemap_get(p);
   if (kind >= 1 && kind < KEEL_NUM_CLASSES) {
     unsigned cls = kind;
@@ -202,18 +177,9 @@ API void KEEL_FN(free_aligned_sized)(void* p, size_t align, size_t size) {
 
 /* ---- sizes and realloc ------------------------------------------------------------- */
 
-/* Usable size of a live block; reports misuse for a pointer Keel did not hand out. */
 static size_t usable_size(const void* p, const char* call) {
-  uint8_t kind = keel_pagemap_get(p);
-  if (kind >= 1 && kind < KEEL_NUM_CLASSES) return _keel_classes[kind].size;
-  size_t n = 0;
-  if (kind == KEEL_KIND_LARGE) n = _keel_large_usable(p);
-  else if (kind == KEEL_KIND_HUGE) n = _keel_huge_usable(p);
-  if (n == 0) {
-    if (kind == KEEL_KIND_FREED) _keel_misuse(call, "use of freed pointer", p, NULL, 0);
-    _keel_misuse(call, "invalid pointer", p, ": not allocated by keel", 0);
-  }
-  return n;
+  if (KEEL_UNLIKELY(_keel_options.check)) return _keel_checked_usable(p, call);
+  return _keel_usable_size(p, call);
 }
 
 API size_t KEEL_FN(malloc_usable_size)(void* p) { return p ? usable_size(p, "malloc_usable_size") : 0; }
@@ -225,6 +191,7 @@ API void* KEEL_FN(realloc)(void* p, size_t n) {
     return NULL;
   }
   if (n > KEEL_MAX_ALLOC) return enomem();
+  if (KEEL_UNLIKELY(_keel_options.check)) return _keel_checked_realloc(p, n);
   uint8_t kind = keel_pagemap_get(p);
   size_t old = usable_size(p, "realloc");
   if (kind < KEEL_NUM_CLASSES) {

@@ -216,6 +216,23 @@ void _keel_huge_unlock_all(void) KEEL_INTERNAL;
 void _keel_huge_reset_locks(void) KEEL_INTERNAL;
 void _keel_huge_stats(keel_stats_t* out) KEEL_INTERNAL;
 
+/* ---- tiers (tiers.c) ------------------------------------------------------------------ */
+/* Any request: align is a power of two (<= 16: no constraint); via_cache = false takes
+ * small blocks straight from the central lists. Sets ENOMEM on failure. */
+void* _keel_alloc_any(size_t n, size_t align, bool zero, bool via_cache) KEEL_INTERNAL;
+void* _keel_alloc_direct(unsigned cls) KEEL_INTERNAL;
+/* Usable size of a live block; reports misuse (naming `call`) for anything else. */
+size_t _keel_usable_size(const void* p, const char* call) KEEL_INTERNAL;
+
+/* ---- checked mode (checked.c) -------------------------------------------------------
+ * KEEL_CHECK=1: every block gets a canary tail and its requested size, freed blocks are
+ * poisoned and quarantined, and every misuse is reported where it is seen. Thread
+ * caches have no room, so every call reaches these functions through the slow paths. */
+void* _keel_checked_alloc(size_t n, size_t align, bool zero) KEEL_INTERNAL;
+void _keel_checked_free(void* p, const char* call) KEEL_INTERNAL;
+size_t _keel_checked_usable(const void* p, const char* call) KEEL_INTERNAL;
+void* _keel_checked_realloc(void* p, size_t n) KEEL_INTERNAL;
+
 /* ---- thread caches (tcache.c) --------------------------------------------------------
  * A bin is a singly linked list of free blocks threaded through their first word.
  * `avail` is how many more blocks the bin may take before it must give some back:
@@ -264,6 +281,7 @@ typedef struct keel_options_s {
   uint64_t huge_page_size;  /* KEEL_HUGE_PAGE_SIZE: override what the OS reports */
   bool stats_at_exit;       /* KEEL_STATS */
   bool background_purge;    /* KEEL_BACKGROUND_PURGE: a helper thread purges on a timer */
+  bool check;               /* KEEL_CHECK: checked mode (canaries, poison, quarantine) */
 } keel_options_t;
 
 extern keel_options_t _keel_options KEEL_INTERNAL;

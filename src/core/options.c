@@ -9,6 +9,7 @@ keel_options_t _keel_options = {
     .huge_page_size = 0,
     .stats_at_exit = false,
     .background_purge = true,
+    .check = false,
 };
 
 static bool eq(const char* a, const char* b) { return strcmp(a, b) == 0; }
@@ -61,4 +62,5 @@ void _keel_options_init(void) {
   read_size("KEEL_HUGE_PAGE_SIZE", &_keel_options.huge_page_size);
   read_bool("KEEL_STATS", &_keel_options.stats_at_exit);
   read_bool("KEEL_BACKGROUND_PURGE", &_keel_options.background_purge);
+  read_bool("KEEL_CHECK", &_keel_options.check);
 }

@@ -4,6 +4,7 @@
 #include "core/internal.h"
 
 uint64_t _keel_large_live_bytes(void);
+uint64_t _keel_checked_quarantine_bytes(void);
 
 void _keel_stats_collect(keel_stats_t* out) {
   memset(out, 0, sizeof *out);
@@ -22,7 +23,8 @@ void _keel_stats_collect(keel_stats_t* out) {
   }
   uint64_t in_caches = 0;
   _keel_tcache_stats(out, &in_caches);
-  uint64_t cached = transfer + in_caches;
+  /* Freed blocks held in the checked mode's quarantine are cached, not allocated. */
+  uint64_t cached = transfer + in_caches + _keel_checked_quarantine_bytes();
   uint64_t large = _keel_large_live_bytes();
   out->allocated = (in_slabs > cached ? in_slabs - cached : 0) + large;
   out->active = slab_bytes + large;

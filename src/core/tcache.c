@@ -26,13 +26,13 @@ static uint64_t live_caches, total_caches;
  * no other memory), while a busy thread reaches full batches after a few misses. */
 static uint32_t initial_max(unsigned cls) {
   (void)cls;
-  return 1;
+  return _keel_options.check ? 0 : 1; /* checked mode: no caching at all */
 }
 
 /* More room for bin b, if its limit and the thread's byte budget allow. */
 static void bin_grow(keel_tcache_t* t, keel_bin_t* b, unsigned cls) {
   const keel_class_t* k = &_keel_classes[cls];
-  if (b->max >= k->bin_limit) return;
+  if (b->max >= k->bin_limit || _keel_options.check) return;
   uint32_t grow = b->max < k->batch ? 1 : k->batch;
   if (b->max + grow > k->bin_limit) grow = k->bin_limit - b->max;
   if (b->max >= k->batch && t->max_bytes + (size_t)grow * k->size > _keel_options.tcache_bytes)

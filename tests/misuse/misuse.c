@@ -155,6 +155,39 @@ static void free_interior_aligned(void) {
   do_free(p + 16);
 }
 
+/* The cases below are caught by the checked mode (KEEL_CHECK=1). */
+
+/* One byte written past the end of a 100-byte block: the canary is checked on free. */
+static void overflow_small(void) {
+  char* p = malloc(100);
+  memset(p, 1, 101);
+  do_free(p);
+}
+
+/* Eight bytes past the end of a large block. */
+static void overflow_large(void) {
+  char* p = malloc(300000);
+  memset(p, 1, 300008);
+  do_free(p);
+}
+
+/* A write into a block after it was freed: found when the quarantine hands it back. */
+static void write_after_free(void) {
+  char* p = malloc(64);
+  free(opaque(p));
+  ((char*)opaque(p))[40] = 7;
+  announce("free", p);
+  for (int i = 0; i < 5000; i++) free(opaque(malloc(64)));
+}
+
+/* realloc of a block that was already freed. */
+static void realloc_freed(void) {
+  char* p = malloc(48);
+  free(opaque(p));
+  void* q = do_realloc(p, 200);
+  (void)q;
+}
+
 static void realloc_stack(void) {
   char buf[256];
   memset(buf, 0, sizeof buf);
@@ -178,6 +211,10 @@ static const struct misuse_case cases[] = {
     {"free_mmap", free_mmap},
     {"free_interior", free_interior},
     {"free_interior_aligned", free_interior_aligned},
+    {"overflow_small", overflow_small},
+    {"overflow_large", overflow_large},
+    {"write_after_free", write_after_free},
+    {"realloc_freed", realloc_freed},
     {"realloc_stack", realloc_stack},
 };
 
@@ -192,13 +229,16 @@ int main(int argc, char** argv) {
     return 0;
   }
 #ifdef KEEL_TESTING_KEEL
-  /* Keel really is the allocator: its version is reachable and it counts our blocks. */
+  /* Keel really is the allocator: its version is reachable and it counts our blocks
+   * (a thread cache exists, or in the checked mode, which keeps none, the block counts
+   * as allocated). */
   const char* v = keel_version();
   keel_stats_t s;
   memset(&s, 0, sizeof s);
   s.size = sizeof s;
   void* probe = opaque(malloc(64));
-  if (v == NULL || probe == NULL || keel_stats_get(&s) != 0 || s.threads_total < 1) {
+  if (v == NULL || probe == NULL || keel_stats_get(&s) != 0 ||
+      (s.threads_total < 1 && s.allocated < 64)) {
     fprintf(stderr, "misuse: Keel is not the allocator in use\n");
     return 2;
   }

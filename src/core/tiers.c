@@ -1,0 +1,75 @@
+/* tiers.c -- which tier serves a request: a size class (thread cache or, for the
+ * checked mode and cacheless threads, the central list), a large span, or a huge
+ * mapping. The malloc/free fast paths in api/malloc.c bypass this for small sizes. */
+#include "core/internal.h"
+
+static void* enomem(void) {
+  _keel_prim_set_errno(_keel_prim_errno_enomem());
+  return NULL;
+}
+
+/* A block of class cls from the central list, skipping the thread cache. */
+void* _keel_alloc_direct(unsigned cls) {
+  uint32_t got;
+  void** p = (void**)_keel_central_take(cls, 1, &got);
+  if (p == NULL) return enomem();
+  p[1] = NULL;
+  return p;
+}
+
+static inline void* alloc_class(unsigned cls, bool via_cache) {
+  if (!via_cache) return _keel_alloc_direct(cls);
+  keel_tcache_t* t = _keel_tc;
+  keel_bin_t* b = &t->bins[cls];
+  void** p = (void**)b->head;
+  if (KEEL_LIKELY(p != NULL)) {
+    b->head = p[0];
+    b->avail++;
+    p[1] = NULL;
+    return p;
+  }
+  return _keel_tcache_alloc_slow(t, cls);
+}
+
+void* _keel_alloc_any(size_t n, size_t align, bool zero, bool via_cache) {
+  keel_ensure_init();
+  if (n == 0) n = 1;
+  if (n > KEEL_MAX_ALLOC) return enomem();
+  if (align <= 16) {
+    if (n <= KEEL_CLASS_MAX) {
+      void* p = alloc_class(keel_size_class(n), via_cache);
+      if (zero && p) memset(p, 0, n);
+      return p;
+    }
+    if (n <= KEEL_LARGE_MAX) return _keel_large_alloc(n, 0, zero);
+    return _keel_huge_alloc(n, 0, zero);
+  }
+  /* Small classes whose size is a multiple of the alignment hold only aligned blocks
+   * (slabs start on 64 KiB boundaries). */
+  size_t rounded = (n + align - 1) & ~(align - 1);
+  if (align <= KEEL_UNIT_SIZE && rounded <= KEEL_CLASS_MAX) {
+    unsigned cls = keel_size_class(rounded);
+    while (cls < KEEL_NUM_CLASSES && _keel_classes[cls].size % align != 0) cls++;
+    if (cls < KEEL_NUM_CLASSES) {
+      void* p = alloc_class(cls, via_cache);
+      if (zero && p) memset(p, 0, n);
+      return p;
+    }
+  }
+  if (n <= KEEL_LARGE_MAX && align <= KEEL_CHUNK_SIZE / 2)
+    return _keel_large_alloc(n > KEEL_CLASS_MAX ? n : KEEL_CLASS_MAX + 1, align, zero);
+  return _keel_huge_alloc(n, align, zero);
+}
+
+size_t _keel_usable_size(const void* p, const char* call) {
+  uint8_t kind = keel_pagemap_get(p);
+  if (kind >= 1 && kind < KEEL_NUM_CLASSES) return _keel_classes[kind].size;
+  size_t n = 0;
+  if (kind == KEEL_KIND_LARGE) n = _keel_large_usable(p);
+  else if (kind == KEEL_KIND_HUGE) n = _keel_huge_usable(p);
+  if (n == 0) {
+    if (kind == KEEL_KIND_FREED) _keel_misuse(call, "use of freed pointer", p, NULL, 0);
+    _keel_misuse(call, "invalid pointer", p, ": not allocated by keel", 0);
+  }
+  return n;
+}
