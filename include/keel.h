@@ -54,6 +54,23 @@ typedef struct keel_stats_s {
 /* Fills *out (out->size must be set). Returns 0, or -1 if out is NULL or too small. */
 KEEL_API int keel_stats_get(keel_stats_t* out);
 
+/* Per size class figures. utilisation = blocks_in_use * block_size / slab_bytes. */
+typedef struct keel_class_stats_s {
+  uint64_t block_size;    /* bytes per block */
+  uint64_t blocks_in_use; /* blocks the program holds */
+  uint64_t blocks_cached; /* free blocks in thread caches and transfer caches */
+  uint64_t slabs;         /* slabs of this class */
+  uint64_t slab_bytes;    /* bytes of those slabs */
+} keel_class_stats_t;
+
+/* Fills up to `max` entries (smallest class first); returns the number of classes. */
+KEEL_API size_t keel_stats_classes(keel_class_stats_t* out, size_t max);
+
+/* Writes the statistics (totals and per class) as one JSON object into buf, NUL-
+ * terminated if size > 0. Returns the length the whole document needs (like snprintf);
+ * if that is >= size the output was cut. */
+KEEL_API size_t keel_stats_json(char* buf, size_t size);
+
 /* Writes a human-readable summary to file descriptor fd (no stdio is used). */
 KEEL_API void keel_stats_print(int fd);
 

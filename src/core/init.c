@@ -68,6 +68,7 @@ static void fork_child(void) {
   _keel_tcache_after_fork_child();
   atomic_store(&background_state, 0); /* the purger thread did not survive the fork */
   background_start();
+  _keel_publish_after_fork_child();
 }
 
 /* ---- background purging: memory freed for longer than the purge delay goes back to
@@ -83,10 +84,13 @@ bool _keel_huge_cache_pending(void);
 static void* purger_main(void* arg) {
   (void)arg;
   for (;;) {
-    uint64_t delay = _keel_options.purge_delay_ms;
-    _keel_prim_sleep_ms(delay < 40 ? 10 : delay / 4);
+    /* A quarter of the purge delay, but at least 4 ticks a second so that a live
+     * statistics request is answered promptly. */
+    uint64_t tick = _keel_options.purge_delay_ms / 4;
+    _keel_prim_sleep_ms(tick < 10 ? 10 : tick > 250 ? 250 : tick);
     if (_keel_pageheap_dirty_bytes() != 0) _keel_pageheap_maybe_purge();
     if (_keel_huge_cache_pending()) _keel_huge_purge(false);
+    _keel_publish_tick();
   }
   return NULL;
 }
@@ -102,8 +106,10 @@ __attribute__((constructor(101))) static void keel_process_init(void) {
   _keel_init();
   _keel_prim_atfork(fork_prepare, fork_parent, fork_child);
   background_start();
+  _keel_publish_init();
 }
 
 __attribute__((destructor(101))) static void keel_process_exit(void) {
   if (_keel_options.stats_at_exit) _keel_stats_at_exit();
+  _keel_publish_exit();
 }

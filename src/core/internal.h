@@ -273,6 +273,7 @@ void _keel_tcache_lock_all(void) KEEL_INTERNAL;
 void _keel_tcache_unlock_all(void) KEEL_INTERNAL;
 void _keel_tcache_after_fork_child(void) KEEL_INTERNAL;
 void _keel_tcache_stats(keel_stats_t* out, uint64_t* cached_bytes) KEEL_INTERNAL;
+void _keel_tcache_class_counts(uint64_t* counts /* [KEEL_NUM_CLASSES] */) KEEL_INTERNAL;
 
 /* ---- options (options.c) -------------------------------------------------------------- */
 typedef struct keel_options_s {
@@ -282,6 +283,7 @@ typedef struct keel_options_s {
   bool stats_at_exit;       /* KEEL_STATS */
   bool background_purge;    /* KEEL_BACKGROUND_PURGE: a helper thread purges on a timer */
   bool check;               /* KEEL_CHECK: checked mode (canaries, poison, quarantine) */
+  bool publish;             /* KEEL_PUBLISH: statistics readable by `keel stats PID` */
 } keel_options_t;
 
 extern keel_options_t _keel_options KEEL_INTERNAL;
@@ -318,6 +320,12 @@ void _keel_buf_pad(keel_buf_t* b, size_t col) KEEL_INTERNAL;
  * KEEL_DEBUG >= 2 builds (which run it every KEEL_VERIFY_EVERY slow-path calls). */
 void _keel_verify(void) KEEL_INTERNAL;
 #define KEEL_VERIFY_EVERY 4096
+
+/* ---- publishing (publish.c) --------------------------------------------------------- */
+void _keel_publish_init(void) KEEL_INTERNAL;
+void _keel_publish_after_fork_child(void) KEEL_INTERNAL;
+void _keel_publish_exit(void) KEEL_INTERNAL;
+void _keel_publish_tick(void) KEEL_INTERNAL;
 
 /* ---- statistics (stats.c) ------------------------------------------------------------- */
 void _keel_stats_collect(keel_stats_t* out) KEEL_INTERNAL;

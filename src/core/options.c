@@ -10,6 +10,7 @@ keel_options_t _keel_options = {
     .stats_at_exit = false,
     .background_purge = true,
     .check = false,
+    .publish = true,
 };
 
 static bool eq(const char* a, const char* b) { return strcmp(a, b) == 0; }
@@ -63,4 +64,5 @@ void _keel_options_init(void) {
   read_bool("KEEL_STATS", &_keel_options.stats_at_exit);
   read_bool("KEEL_BACKGROUND_PURGE", &_keel_options.background_purge);
   read_bool("KEEL_CHECK", &_keel_options.check);
+  read_bool("KEEL_PUBLISH", &_keel_options.publish);
 }

@@ -53,6 +53,7 @@ void _keel_misuse(const char* call, const char* what, const void* p, const char*
   }
   _keel_buf_str(&b, "\n");
   _keel_prim_write(2, line, b.len);
+  _keel_publish_exit(); /* abort skips destructors: do not leave the stats file behind */
   _keel_prim_abort();
 }
 
@@ -67,6 +68,7 @@ void _keel_fatal_internal(const char* file, int line_no, const char* what) {
   _keel_buf_str(&b, what);
   _keel_buf_str(&b, "\n");
   _keel_prim_write(2, line, b.len);
+  _keel_publish_exit();
   _keel_prim_abort();
 }
 

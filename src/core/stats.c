@@ -86,6 +86,84 @@ KEEL_API int keel_stats_get(keel_stats_t* out) {
 
 KEEL_API void keel_stats_print(int fd) { print_stats(fd, "now"); }
 
+KEEL_API size_t keel_stats_classes(keel_class_stats_t* out, size_t max) {
+  keel_ensure_init();
+  uint64_t in_caches[KEEL_NUM_CLASSES] = {0};
+  _keel_tcache_class_counts(in_caches);
+  size_t n = 0;
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES && n < max; cls++, n++) {
+    keel_central_t* cl = &_keel_central[cls];
+    const keel_class_t* k = &_keel_classes[cls];
+    keel_lock(&cl->lock);
+    uint64_t cached = in_caches[cls] + (uint64_t)cl->nbatches * k->batch;
+    out[n].block_size = k->size;
+    out[n].blocks_cached = cached;
+    out[n].blocks_in_use = cl->out > cached ? cl->out - cached : 0;
+    out[n].slabs = cl->slabs;
+    out[n].slab_bytes = cl->slabs * k->units * KEEL_UNIT_SIZE;
+    keel_unlock(&cl->lock);
+  }
+  return KEEL_NUM_CLASSES - 1;
+}
+
+static void json_field(keel_buf_t* b, const char* name, uint64_t v, bool comma) {
+  _keel_buf_str(b, "\"");
+  _keel_buf_str(b, name);
+  _keel_buf_str(b, "\":");
+  _keel_buf_u64(b, v);
+  if (comma) _keel_buf_str(b, ",");
+}
+
+/* Formats into a large enough stack buffer, then copies what fits. */
+KEEL_API size_t keel_stats_json(char* out, size_t size) {
+  keel_stats_t s;
+  _keel_stats_collect(&s);
+  keel_class_stats_t cs[KEEL_NUM_CLASSES - 1];
+  size_t n = keel_stats_classes(cs, KEEL_NUM_CLASSES - 1);
+  char text[24 * 1024];
+  keel_buf_t b = {text, 0, sizeof text};
+  _keel_buf_str(&b, "{\"version\":");
+  _keel_buf_u64(&b, KEEL_STATS_VERSION);
+  _keel_buf_str(&b, ",\"pid\":");
+  _keel_buf_u64(&b, (uint64_t)_keel_prim_getpid());
+  _keel_buf_str(&b, ",");
+  json_field(&b, "allocated", s.allocated, true);
+  json_field(&b, "active", s.active, true);
+  json_field(&b, "cached", s.cached, true);
+  json_field(&b, "mapped", s.mapped, true);
+  json_field(&b, "committed", s.committed, true);
+  json_field(&b, "retained", s.retained, true);
+  json_field(&b, "metadata", s.metadata, true);
+  json_field(&b, "huge_allocated", s.huge_allocated, true);
+  json_field(&b, "purged_bytes", s.purged_bytes, true);
+  json_field(&b, "purge_runs", s.purge_runs, true);
+  json_field(&b, "threads", s.threads, true);
+  json_field(&b, "threads_total", s.threads_total, true);
+  json_field(&b, "os_page_size", s.os_page_size, true);
+  json_field(&b, "huge_page_size", s.huge_page_size, true);
+  _keel_buf_str(&b, "\"classes\":[");
+  bool first = true;
+  for (size_t i = 0; i < n; i++) {
+    if (cs[i].slabs == 0 && cs[i].blocks_cached == 0) continue; /* unused classes */
+    if (!first) _keel_buf_str(&b, ",");
+    first = false;
+    _keel_buf_str(&b, "{");
+    json_field(&b, "block_size", cs[i].block_size, true);
+    json_field(&b, "blocks_in_use", cs[i].blocks_in_use, true);
+    json_field(&b, "blocks_cached", cs[i].blocks_cached, true);
+    json_field(&b, "slabs", cs[i].slabs, true);
+    json_field(&b, "slab_bytes", cs[i].slab_bytes, false);
+    _keel_buf_str(&b, "}");
+  }
+  _keel_buf_str(&b, "]}");
+  if (size > 0) {
+    size_t c = b.len < size - 1 ? b.len : size - 1;
+    memcpy(out, text, c);
+    out[c] = 0;
+  }
+  return b.len;
+}
+
 KEEL_API const char* keel_version(void) { return "0.1.0"; }
 
 KEEL_API size_t keel_purge(void) {

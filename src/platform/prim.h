@@ -85,4 +85,12 @@ bool _keel_prim_thread_start(void* (*fn)(void*), void* arg);
 /* Sleeps the calling thread for `ms` milliseconds. */
 void _keel_prim_sleep_ms(uint64_t ms);
 
+/* -- publishing to other processes --------------------------------------------------- */
+/* Creates (replacing a stale one) a shared-memory file readable and writable only by
+ * this process's user, named `name` (no slashes) in the OS's shared-memory directory,
+ * of `size` bytes, and maps it. Returns NULL on failure. */
+void* _keel_prim_publish_create(const char* name, size_t size);
+/* Removes the file (the mapping stays valid until unmapped). */
+void _keel_prim_publish_remove(const char* name);
+
 #endif /* KEEL_PRIM_H */

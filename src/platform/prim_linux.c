@@ -283,3 +283,43 @@ void _keel_prim_sleep_ms(uint64_t ms) {
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
   }
 }
+
+/* -- publishing ------------------------------------------------------------------------ */
+
+static void shm_path(char* out, size_t cap, const char* name) {
+  const char* dir = "/dev/shm/";
+  size_t n = 0;
+  for (const char* s = dir; *s && n + 1 < cap; s++) out[n++] = *s;
+  for (const char* s = name; *s && n + 1 < cap; s++) out[n++] = *s;
+  out[n] = 0;
+}
+
+void* _keel_prim_publish_create(const char* name, size_t size) {
+  char path[128];
+  shm_path(path, sizeof path, name);
+  int saved = errno;
+  int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0 && errno == EEXIST) { /* left by a dead process with the same pid */
+    unlink(path);
+    fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  }
+  void* p = NULL;
+  if (fd >= 0) {
+    if (ftruncate(fd, (off_t)size) == 0) {
+      p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (p == MAP_FAILED) p = NULL;
+    }
+    close(fd);
+    if (p == NULL) unlink(path);
+  }
+  errno = saved;
+  return p;
+}
+
+void _keel_prim_publish_remove(const char* name) {
+  char path[128];
+  shm_path(path, sizeof path, name);
+  int saved = errno;
+  unlink(path);
+  errno = saved;
+}

@@ -225,6 +225,29 @@ static void test_verify(void) {
   CHECK(1);
 }
 
+static void test_stats_api(void) {
+  TEST_SECTION("statistics: per class and JSON");
+  void* held[100];
+  for (int i = 0; i < 100; i++) held[i] = malloc(48);
+  keel_class_stats_t cs[KEEL_NUM_CLASSES];
+  size_t n = keel_stats_classes(cs, KEEL_NUM_CLASSES);
+  CHECK(n == KEEL_NUM_CLASSES - 1);
+  unsigned cls = keel_size_class(48);
+  CHECK(cs[cls - 1].block_size == 48);
+  CHECK(cs[cls - 1].blocks_in_use >= 100);
+  CHECK(cs[cls - 1].slabs >= 1);
+  CHECK(cs[cls - 1].slab_bytes >= cs[cls - 1].blocks_in_use * 48);
+  char small[16];
+  size_t need = keel_stats_json(small, sizeof small);
+  CHECK(need > sizeof small && strlen(small) == sizeof small - 1);
+  char* big = malloc(need + 1);
+  CHECK(keel_stats_json(big, need + 1) == need);
+  CHECK(big[0] == '{' && big[need - 1] == '}');
+  CHECK(strstr(big, "\"allocated\":") != NULL && strstr(big, "\"block_size\":48,") != NULL);
+  free(big);
+  for (int i = 0; i < 100; i++) free(held[i]);
+}
+
 int main(void) {
   test_size_classes();
   test_pagemap();
@@ -234,5 +257,6 @@ int main(void) {
   test_options();
   test_thread_cache();
   test_verify();
+  test_stats_api();
   return test_finish();
 }

@@ -1,0 +1,104 @@
+/* publish.c -- statistics another process can read without stopping this one.
+ *
+ * Once the process has lived a second (so short commands, and fork children that
+ * _exit at once, never create one), the purger creates /dev/shm/keel-<pid> (mode 0600:
+ * only the process's user, or root, can read it) holding a keel_published_t. A reader (`keel stats PID`, `keel top`)
+ * increments `request`; the background purger, on its next tick, refreshes the figures
+ * under a sequence lock and copies `request` to `answered`. The same way, `keel purge
+ * PID` increments `purge_request`. Nobody looking costs two loads per purger tick. The
+ * layout is fixed (version 1) and documented in docs/design.md; the lab reads it. */
+#include "core/internal.h"
+
+#define PUBLISH_MAGIC 0x5441545354454b4bull /* "KKETSTAT" read little-endian */
+
+typedef struct keel_published_s {
+  uint64_t magic;
+  uint32_t layout_version;
+  uint32_t header_size;     /* offset of `classes` */
+  uint64_t pid;
+  uint64_t request;         /* readers increment */
+  uint64_t answered;        /* = request once refreshed */
+  uint64_t purge_request;
+  uint64_t purge_answered;
+  uint64_t seq;             /* odd while being written */
+  uint64_t updated_ms;      /* monotonic clock of the last refresh */
+  uint64_t purged_on_request; /* bytes the last purge request released */
+  uint32_t nclasses;
+  uint32_t pad;
+  keel_stats_t stats;
+  keel_class_stats_t classes[KEEL_NUM_CLASSES - 1];
+} keel_published_t;
+
+_Static_assert(sizeof(keel_stats_t) == 120, "published layout: keel_stats_t is 120 bytes");
+_Static_assert(__builtin_offsetof(keel_published_t, stats) == 88, "published layout");
+
+static keel_published_t* pub;
+static char pub_name[32];
+static uint64_t born_ms;  /* process start, or the fork that made this child */
+static bool tried;        /* creation was attempted (do not retry every tick) */
+
+static void make_name(void) {
+  keel_buf_t b = {pub_name, 0, sizeof pub_name};
+  _keel_buf_str(&b, "keel-");
+  _keel_buf_u64(&b, (uint64_t)_keel_prim_getpid());
+}
+
+static void refresh(void) {
+  keel_stats_t s;
+  _keel_stats_collect(&s);
+  keel_class_stats_t cs[KEEL_NUM_CLASSES - 1];
+  size_t n = keel_stats_classes(cs, KEEL_NUM_CLASSES - 1);
+  __atomic_fetch_add(&pub->seq, 1, __ATOMIC_ACQ_REL); /* odd: writing */
+  pub->stats = s;
+  memcpy(pub->classes, cs, n * sizeof cs[0]);
+  pub->nclasses = (uint32_t)n;
+  pub->updated_ms = _keel_prim_clock_ms();
+  __atomic_fetch_add(&pub->seq, 1, __ATOMIC_RELEASE); /* even: consistent */
+}
+
+void _keel_publish_init(void) { born_ms = _keel_prim_clock_ms(); }
+
+static void create(void) {
+  tried = true;
+  if (!_keel_options.publish) return;
+  make_name();
+  keel_published_t* p = (keel_published_t*)_keel_prim_publish_create(pub_name, sizeof *p);
+  if (p == NULL) return;
+  p->layout_version = 1;
+  p->header_size = (uint32_t)__builtin_offsetof(keel_published_t, classes);
+  p->pid = (uint64_t)_keel_prim_getpid();
+  __atomic_store_n(&p->magic, PUBLISH_MAGIC, __ATOMIC_RELEASE);
+  pub = p;
+  refresh();
+}
+
+/* In the child of fork the inherited mapping is the parent's file: never write it
+ * (it stays mapped, a few KiB); the child publishes its own after a second. */
+void _keel_publish_after_fork_child(void) {
+  pub = NULL;
+  tried = false;
+  born_ms = _keel_prim_clock_ms();
+}
+
+void _keel_publish_exit(void) {
+  if (pub != NULL) _keel_prim_publish_remove(pub_name);
+}
+
+/* Called by the purger on every tick. */
+void _keel_publish_tick(void) {
+  if (pub == NULL && !tried && _keel_prim_clock_ms() - born_ms >= 1000) create();
+  keel_published_t* p = pub;
+  if (p == NULL) return;
+  uint64_t purge = __atomic_load_n(&p->purge_request, __ATOMIC_ACQUIRE);
+  if (purge != __atomic_load_n(&p->purge_answered, __ATOMIC_RELAXED)) {
+    _keel_central_drain_all();
+    p->purged_on_request = _keel_pageheap_purge(true) + _keel_huge_purge(true);
+    refresh();
+    __atomic_store_n(&p->purge_answered, purge, __ATOMIC_RELEASE);
+  }
+  uint64_t req = __atomic_load_n(&p->request, __ATOMIC_ACQUIRE);
+  if (req != __atomic_load_n(&p->answered, __ATOMIC_RELAXED)) {
+    refresh();
+    __atomic_store_n(&p->answered, req, __ATOMIC_RELEASE);
+  }
+}
