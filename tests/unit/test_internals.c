@@ -240,9 +240,12 @@ static void test_stats_api(void) {
   char small[16];
   size_t need = keel_stats_json(small, sizeof small);
   CHECK(need > sizeof small && strlen(small) == sizeof small - 1);
-  char* big = malloc(need + 1);
-  CHECK(keel_stats_json(big, need + 1) == need);
-  CHECK(big[0] == '{' && big[need - 1] == '}');
+  /* (Allocating the buffer changes the figures, so give it room to grow.) */
+  size_t cap = need * 2 + 256;
+  char* big = malloc(cap);
+  size_t len = keel_stats_json(big, cap);
+  CHECK(len < cap && strlen(big) == len);
+  CHECK(big[0] == '{' && big[len - 1] == '}');
   CHECK(strstr(big, "\"allocated\":") != NULL && strstr(big, "\"block_size\":48,") != NULL);
   free(big);
   for (int i = 0; i < 100; i++) free(held[i]);
