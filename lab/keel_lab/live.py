@@ -1,0 +1,166 @@
+"""Reading a running Keel process's statistics from outside, without stopping it.
+
+A process under Keel (after its first second) has /dev/shm/keel-<pid>, mode 0600, laid
+out as below (layout version 1, little-endian; see src/core/publish.c). A reader bumps
+`request`; the process's purger thread refreshes the figures within ~250 ms under a
+sequence lock and copies `request` to `answered`. `purge_request` works the same way
+and makes the process return its free memory to the OS.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+MAGIC = 0x5441545354454B4B
+HEADER = struct.Struct("<QIIQQQQQQQQII")  # magic .. pad: 88 bytes
+STATS_FIELDS = ["allocated", "active", "cached", "mapped", "committed", "retained", "metadata",
+                "huge_allocated", "purged_bytes", "purge_runs", "threads", "threads_total",
+                "os_page_size", "huge_page_size"]
+STATS = struct.Struct("<II" + "Q" * len(STATS_FIELDS))  # keel_stats_t: 120 bytes
+CLASS = struct.Struct("<QQQQQ")  # keel_class_stats_t
+OFF_REQUEST, OFF_ANSWERED, OFF_PURGE_REQ, OFF_PURGE_ANS, OFF_SEQ = 24, 32, 40, 48, 56
+
+
+class LiveError(RuntimeError):
+    """A message for the operator (no such process, not running Keel, no permission)."""
+
+
+@dataclass
+class ClassStats:
+    block_size: int
+    blocks_in_use: int
+    blocks_cached: int
+    slabs: int
+    slab_bytes: int
+
+    @property
+    def utilisation(self) -> float:
+        return self.blocks_in_use * self.block_size / self.slab_bytes if self.slab_bytes else 0.0
+
+
+@dataclass
+class Snapshot:
+    pid: int
+    stats: dict
+    classes: list[ClassStats]
+    updated_ms: int
+    purged_on_request: int
+
+
+def shm_path(pid: int) -> Path:
+    return Path(f"/dev/shm/keel-{pid}")
+
+
+def _check_process(pid: int) -> None:
+    if not Path(f"/proc/{pid}").exists():
+        raise LiveError(f"no process with PID {pid}")
+
+
+def _open(pid: int) -> tuple[mmap.mmap, object]:
+    _check_process(pid)
+    path = shm_path(pid)
+    if not path.exists():
+        maps = Path(f"/proc/{pid}/maps")
+        try:
+            uses_keel = "libkeel" in maps.read_text()
+        except PermissionError:
+            raise LiveError(f"cannot read /proc/{pid}/maps: permission denied (run as the "
+                            f"process's user or root)") from None
+        if not uses_keel:
+            raise LiveError(f"process {pid} is not running Keel (libkeel is not mapped)")
+        raise LiveError(f"process {pid} runs Keel but publishes no statistics yet "
+                        f"(it publishes after its first second unless KEEL_PUBLISH=0 or "
+                        f"KEEL_BACKGROUND_PURGE=0)")
+    try:
+        f = open(path, "r+b")
+    except PermissionError:
+        raise LiveError(f"{path} belongs to another user: run as the process's user or root") from None
+    m = mmap.mmap(f.fileno(), 0)
+    magic, version, *_ = HEADER.unpack_from(m, 0)
+    if magic != MAGIC or version != 1:
+        m.close()
+        f.close()
+        raise LiveError(f"{path} is not a Keel statistics file of a known layout")
+    pid_in_file = HEADER.unpack_from(m, 0)[3]
+    if pid_in_file != pid:
+        m.close()
+        f.close()
+        raise LiveError(f"{path} is stale (written by PID {pid_in_file})")
+    return m, f
+
+
+def _bump_and_wait(m: mmap.mmap, req_off: int, ans_off: int, timeout: float) -> None:
+    req = struct.unpack_from("<Q", m, req_off)[0] + 1
+    struct.pack_into("<Q", m, req_off, req)
+    deadline = time.monotonic() + timeout
+    while struct.unpack_from("<Q", m, ans_off)[0] < req:
+        if time.monotonic() > deadline:
+            raise LiveError("the process did not answer within %.1f s (is it stopped, or is "
+                            "its purger thread disabled?)" % timeout)
+        time.sleep(0.02)
+
+
+def _read_consistent(m: mmap.mmap, pid: int) -> Snapshot:
+    for _ in range(100):
+        seq1 = struct.unpack_from("<Q", m, OFF_SEQ)[0]
+        if seq1 % 2:
+            time.sleep(0.001)
+            continue
+        header = HEADER.unpack_from(m, 0)
+        header_size, updated_ms, purged, nclasses = header[2], header[9], header[10], header[11]
+        st = STATS.unpack_from(m, HEADER.size)
+        classes = [ClassStats(*CLASS.unpack_from(m, header_size + i * CLASS.size))
+                   for i in range(nclasses)]
+        if struct.unpack_from("<Q", m, OFF_SEQ)[0] == seq1:
+            return Snapshot(pid, dict(zip(STATS_FIELDS, st[2:])), classes, updated_ms, purged)
+    raise LiveError("could not read a consistent snapshot")
+
+
+def read(pid: int, timeout: float = 3.0) -> Snapshot:
+    """Fresh statistics of a running Keel process."""
+    m, f = _open(pid)
+    try:
+        _bump_and_wait(m, OFF_REQUEST, OFF_ANSWERED, timeout)
+        return _read_consistent(m, pid)
+    finally:
+        m.close()
+        f.close()
+
+
+def purge(pid: int, timeout: float = 10.0) -> Snapshot:
+    """Asks the process to return its free memory to the OS now; returns the figures after."""
+    m, f = _open(pid)
+    try:
+        _bump_and_wait(m, OFF_PURGE_REQ, OFF_PURGE_ANS, timeout)
+        return _read_consistent(m, pid)
+    finally:
+        m.close()
+        f.close()
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def remove_stale() -> list[int]:
+    """Deletes statistics files of processes that no longer exist; returns their PIDs."""
+    gone = []
+    for p in Path("/dev/shm").glob("keel-*"):
+        try:
+            pid = int(p.name.split("-", 1)[1])
+        except ValueError:
+            continue
+        if not Path(f"/proc/{pid}").exists():
+            try:
+                p.unlink()
+                gone.append(pid)
+            except OSError:
+                pass
+    return gone
