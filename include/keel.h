@@ -78,6 +78,12 @@ KEEL_API void keel_stats_print(int fd);
  * Returns the number of bytes released. */
 KEEL_API size_t keel_purge(void);
 
+/* Heap profiling (KEEL_PROFILE_RATE=N samples about one allocation per N bytes).
+ * Writes the live sampled allocations to `path` in the pprof heap format that
+ * `go tool pprof` and `pprof` read. Returns 0, or -1 if profiling is off or the file
+ * cannot be written. */
+KEEL_API int keel_profile_dump(const char* path);
+
 /* Flushes the calling thread's cache of free blocks back to the shared lists. */
 KEEL_API void keel_thread_flush(void);
 

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs everything Keel's build, tests and lab need on a fresh Debian 12 machine.
 # Idempotent: packages already present are skipped by apt; the venv is reused.
-# Usage: scripts/install-deps.sh [--no-servers]
+# Usage: scripts/install-deps.sh [--no-servers] [--cross] [--package]
+#   --cross    also the arm64 cross toolchain and qemu-user (scripts/cross-aarch64.sh)
+#   --package  also Debian's packaging tools (scripts/package.sh, tests/package);
+#              with --cross too, crossbuild-essential-arm64 for the arm64 .debs
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -13,9 +16,34 @@ alloc_pkgs=(libjemalloc2 libjemalloc-dev libtcmalloc-minimal4 libgoogle-perftool
 # Real servers and their load generators, for the override tests and the lab.
 server_pkgs=(redis-server redis-tools mariadb-server mariadb-client sysbench
              postgresql postgresql-contrib python3 procps psmisc sphinxsearch)
+# Safety evidence (issue 4): real programs' own test suites (scripts/suites.sh) and the
+# soak's clients (scripts/soak.sh); the fuzzer needs clang + libclang-rt (above).
+safety_pkgs=(libpython3.11-testsuite mariadb-test python3-redis python3-pymysql)
+# The lab's report test opens the HTML report in headless Chromium.
+lab_pkgs=(chromium)
 
+# Issue 8, only when asked for: cross-building for arm64 and running it under qemu-user
+# (--cross), and building the .deb packages (--package).
+cross_pkgs=(gcc-aarch64-linux-gnu g++-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user file)
+package_pkgs=(debhelper dpkg-dev fakeroot)
+package_cross_pkgs=(crossbuild-essential-arm64)
+
+servers=1 cross=0 package=0
+for arg in "$@"; do
+  case $arg in
+    --no-servers) servers=0 ;;
+    --cross) cross=1 ;;
+    --package) package=1 ;;
+    *) echo "install-deps: unknown option $arg" >&2; exit 2 ;;
+  esac
+done
 want=("${build_pkgs[@]}" "${alloc_pkgs[@]}")
-[[ "${1:-}" == "--no-servers" ]] || want+=("${server_pkgs[@]}")
+((servers)) && want+=("${server_pkgs[@]}")
+((servers)) && want+=("${safety_pkgs[@]}")
+((servers)) && want+=("${lab_pkgs[@]}")
+((cross)) && want+=("${cross_pkgs[@]}")
+((package)) && want+=("${package_pkgs[@]}")
+((package && cross)) && want+=("${package_cross_pkgs[@]}")
 
 missing=()
 for p in "${want[@]}"; do

@@ -41,6 +41,7 @@ API void* KEEL_FN(malloc)(size_t n) {
       b->head = p[0];
       b->avail++;
       p[1] = NULL; /* clear the double-free key */
+      if (KEEL_UNLIKELY(--b->until_sample == 0)) return _keel_profile_sample_sized(p, n);
       return p;
     }
   }
@@ -123,11 +124,26 @@ static KEEL_NOINLINE void free_slow(void* p, const char* call) {
     _keel_tcache_free_slow(t, p, cls);
     return;
   }
+  unsigned sampled = keel_sampled_class(kind);
+  if (sampled) { /* a heap-profile sample: forget it, then back to its own slab */
+    bool exact;
+    _keel_block_start(sampled, p, &exact);
+    if (!exact) _keel_misuse(call, "invalid pointer", p, ": not the start of a block", _keel_classes[sampled].size);
+    if (((uintptr_t*)p)[1] == _keel_free_key)
+      _keel_misuse(call, "double free of pointer", p, NULL, _keel_classes[sampled].size);
+    _keel_profile_forget(p);
+    ((void**)p)[0] = NULL;
+    ((uintptr_t*)p)[1] = _keel_free_key;
+    _keel_central_give(sampled, p, 1);
+    return;
+  }
   switch (kind) {
     case KEEL_KIND_LARGE:
+      if (_keel_profiling) _keel_profile_forget(p);
       _keel_large_free(p, call);
       return;
     case KEEL_KIND_HUGE:
+      if (_keel_profiling) _keel_profile_forget(p);
       if (_keel_huge_free(p)) return;
       break;
     case KEEL_KIND_FREED:
@@ -199,9 +215,11 @@ API void* KEEL_FN(realloc)(void* p, size_t n) {
     /* Same block if it fits and shrinking would not free at least half of it. */
     if (n <= old && n >= old / 2) return p;
   } else if (kind == KEEL_KIND_LARGE) {
+    if (_keel_profiling) _keel_profile_forget(p); /* resized in place: no longer a sample */
     void* q = _keel_large_realloc(p, n);
     if (q) return q;
   } else if (kind == KEEL_KIND_HUGE && n > KEEL_LARGE_MAX) {
+    if (_keel_profiling) _keel_profile_forget(p);
     void* q = _keel_huge_realloc(p, n);
     if (q) return q;
   }

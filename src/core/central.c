@@ -13,34 +13,42 @@ static inline void* slab_base(keel_chunk_t* c, keel_slab_t* head) {
   return keel_unit_addr(c, (unsigned)(head - c->units));
 }
 
+/* A slab's partial list: ordinary slabs and profile-sample slabs are kept apart. */
+static keel_slab_t** partial_list(keel_central_t* cl, keel_slab_t* s) {
+  return s->sampled ? &cl->sampled_partial : &cl->partial;
+}
+
 static void partial_push(keel_central_t* cl, keel_slab_t* s) {
+  keel_slab_t** list = partial_list(cl, s);
   s->prev = NULL;
-  s->next = cl->partial;
+  s->next = *list;
   if (s->next) s->next->prev = s;
-  cl->partial = s;
+  *list = s;
   s->in_partial = 1;
 }
 
 static void partial_remove(keel_central_t* cl, keel_slab_t* s) {
   if (s->prev) s->prev->next = s->next;
-  else cl->partial = s->next;
+  else *partial_list(cl, s) = s->next;
   if (s->next) s->next->prev = s->prev;
   s->next = s->prev = NULL;
   s->in_partial = 0;
 }
 
-static keel_slab_t* slab_new(unsigned cls) {
+static keel_slab_t* slab_new(unsigned cls, bool sampled) {
   const keel_class_t* k = &_keel_classes[cls];
   bool zeroed;
   keel_slab_t* s = _keel_pageheap_alloc(k->units, 1, &zeroed);
   if (s == NULL) return NULL;
   keel_chunk_t* c = keel_chunk_of(s);
-  if (!_keel_pagemap_set((uintptr_t)slab_base(c, s), k->units, (uint8_t)cls)) {
+  uint8_t tag = sampled ? KEEL_KIND_SAMPLED(cls) : (uint8_t)cls;
+  if (!_keel_pagemap_set((uintptr_t)slab_base(c, s), k->units, tag)) {
     _keel_pageheap_free(s);
     return NULL;
   }
   s->state = KEEL_UNIT_SLAB;
   s->cls = (uint8_t)cls;
+  s->sampled = sampled;
   s->used = 0;
   s->scan = 0;
   unsigned words = (k->count + 63) / 64;
@@ -98,7 +106,7 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
   while (n < want) {
     keel_slab_t* s = cl->partial;
     if (s == NULL) {
-      s = slab_new(cls);
+      s = slab_new(cls, false);
       if (s == NULL) break;
       partial_push(cl, s);
     }
@@ -109,6 +117,23 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
   cl->out += n;
   keel_unlock(&cl->lock);
   *got = n;
+  return head;
+}
+
+void* _keel_central_take_sampled(unsigned cls) {
+  keel_central_t* cl = &_keel_central[cls];
+  keel_lock(&cl->lock);
+  keel_slab_t* s = cl->sampled_partial;
+  if (s == NULL && (s = slab_new(cls, true)) != NULL) partial_push(cl, s);
+  void* head = NULL;
+  if (s != NULL) {
+    void** tail = (void**)&head;
+    slab_take(s, cls, 1, &tail);
+    *tail = NULL;
+    if (s->used == _keel_classes[cls].count) partial_remove(cl, s);
+    cl->out++;
+  }
+  keel_unlock(&cl->lock);
   return head;
 }
 
@@ -162,7 +187,7 @@ static void slab_put(keel_central_t* cl, unsigned cls, void* p) {
       slab_release(cls, s);
       return;
     }
-    if (!s->in_partial && cl->partial != NULL) {
+    if (!s->in_partial && *partial_list(cl, s) != NULL) {
       slab_release(cls, s);
       return;
     }
@@ -215,12 +240,14 @@ void _keel_central_drain_all(void) {
       }
     }
     /* An empty slab kept to avoid churn is released too. */
-    keel_slab_t* next;
-    for (keel_slab_t* s = cl->partial; s != NULL; s = next) {
-      next = s->next;
-      if (s->used == 0) {
-        partial_remove(cl, s);
-        slab_release(cls, s);
+    for (int sampled = 0; sampled < 2; sampled++) {
+      keel_slab_t* next;
+      for (keel_slab_t* s = sampled ? cl->sampled_partial : cl->partial; s != NULL; s = next) {
+        next = s->next;
+        if (s->used == 0) {
+          partial_remove(cl, s);
+          slab_release(cls, s);
+        }
       }
     }
     keel_unlock(&cl->lock);

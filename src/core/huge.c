@@ -111,7 +111,9 @@ static void* cache_take(size_t size, size_t* dirty_bytes) {
 }
 
 void* _keel_huge_alloc(size_t size, size_t align, bool zero) {
-  size_t bytes = round_pages(size);
+  /* At least a unit: two huge blocks then never start in the same 64 KiB unit, which
+   * would make them share one page-map byte (an aligned request may be tiny). */
+  size_t bytes = round_pages(size < KEEL_UNIT_SIZE ? KEEL_UNIT_SIZE : size);
   if (bytes < size) goto oom;
   void* p = NULL;
   size_t dirty = 0;
@@ -119,6 +121,11 @@ void* _keel_huge_alloc(size_t size, size_t align, bool zero) {
   if (align <= _keel_page_size) p = cache_take(bytes, &dirty);
   keel_unlock(&huge_lock);
   if (p == NULL) p = _keel_prim_map(bytes, align, NULL);
+  if (p == NULL) { /* give back what is retained, then try once more */
+    _keel_pageheap_purge(true);
+    _keel_huge_purge(true);
+    p = _keel_prim_map(bytes, align, NULL);
+  }
   if (p == NULL) goto oom;
   keel_lock(&huge_lock);
   bool ok = table_insert((uintptr_t)p, bytes) && _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_HUGE);

@@ -20,6 +20,7 @@ void _keel_init(void) {
     _keel_options_init();
     _keel_classes_init();
     _keel_free_key = (uintptr_t)_keel_prim_random() | 1;
+    _keel_profile_init();
     atomic_store(&init_state, 2);
     __atomic_store_n(&_keel_ready, true, __ATOMIC_RELEASE);
     return;
@@ -91,6 +92,7 @@ static void* purger_main(void* arg) {
     if (_keel_pageheap_dirty_bytes() != 0) _keel_pageheap_maybe_purge();
     if (_keel_huge_cache_pending()) _keel_huge_purge(false);
     _keel_publish_tick();
+    _keel_profile_tick();
   }
   return NULL;
 }
@@ -111,5 +113,6 @@ __attribute__((constructor(101))) static void keel_process_init(void) {
 
 __attribute__((destructor(101))) static void keel_process_exit(void) {
   if (_keel_options.stats_at_exit) _keel_stats_at_exit();
+  _keel_profile_at_exit();
   _keel_publish_exit();
 }

@@ -56,6 +56,14 @@
 #define KEEL_KIND_LARGE 0x80      /* first unit of a live large block */
 #define KEEL_KIND_HUGE 0x81       /* first unit of a live huge block */
 #define KEEL_KIND_FREED 0x82      /* first unit of a large/huge block that was freed */
+/* Units of a slab holding heap-profile samples of class c are tagged 0x82 + c, so their
+ * frees leave the fast path and the profiler can forget the sample. */
+#define KEEL_KIND_SAMPLED_FIRST 0x83
+#define KEEL_KIND_SAMPLED(cls) ((uint8_t)(0x82 + (cls)))
+static inline unsigned keel_sampled_class(uint8_t kind) {
+  return kind >= KEEL_KIND_SAMPLED_FIRST && kind < KEEL_KIND_SAMPLED_FIRST + KEEL_NUM_CLASSES - 1
+             ? (unsigned)kind - 0x82 : 0;
+}
 
 /* ---- size classes (size_class.c) ------------------------------------------------------ */
 typedef struct keel_class_s {
@@ -93,7 +101,7 @@ typedef struct keel_slab_s {
   uint8_t head;      /* unit index of the span's head */
   uint8_t units;     /* span length (head only) */
   uint8_t in_partial;
-  uint8_t zeroed;    /* large: the span was clean (all zero) when handed out */
+  uint8_t sampled;   /* slab: holds heap-profile samples only */
   uint32_t used;     /* slab: blocks out of the slab (live or in a cache) */
   uint32_t scan;     /* slab: first bitmap word that may have a free bit */
   uint32_t pad;
@@ -178,6 +186,7 @@ typedef struct keel_central_s {
   keel_lock_t lock;
   uint32_t nbatches;
   keel_slab_t* partial; /* slabs with free blocks */
+  keel_slab_t* sampled_partial; /* the same, for slabs holding profile samples */
   void* batches[KEEL_TRANSFER_SLOTS]; /* each a NULL-terminated list of `batch` blocks */
   uint64_t slabs;       /* slabs of this class */
   uint64_t out;         /* blocks out of slabs: live, or in a cache */
@@ -190,6 +199,8 @@ extern keel_central_t _keel_central[KEEL_NUM_CLASSES] KEEL_INTERNAL;
 void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) KEEL_INTERNAL;
 /* Gives back a NULL-terminated list of n blocks of class cls. */
 void _keel_central_give(unsigned cls, void* list, uint32_t n) KEEL_INTERNAL;
+/* One block of class cls from a slab reserved for heap-profile samples; NULL if OOM. */
+void* _keel_central_take_sampled(unsigned cls) KEEL_INTERNAL;
 /* True if block p (of class cls) is free in its slab: proves a double free. */
 bool _keel_central_is_free(unsigned cls, void* p) KEEL_INTERNAL;
 /* Returns the transfer caches' batches to their slabs so empty slabs can be released. */
@@ -236,11 +247,13 @@ void* _keel_checked_realloc(void* p, size_t n) KEEL_INTERNAL;
 /* ---- thread caches (tcache.c) --------------------------------------------------------
  * A bin is a singly linked list of free blocks threaded through their first word.
  * `avail` is how many more blocks the bin may take before it must give some back:
- * count = max - avail. Fast paths touch only `head` and `avail`. */
+ * count = max - avail. Fast paths touch only `head`, `avail` and, on malloc, the
+ * sampling countdown (which, with profiling off, only reaches zero every 2^32 pops). */
 typedef struct keel_bin_s {
   void* head;
-  uint32_t avail;
-  uint32_t max;
+  uint16_t avail;
+  uint16_t max;
+  uint32_t until_sample; /* pops left before the heap profiler samples one (profile.c) */
 } keel_bin_t;
 
 typedef struct keel_tcache_s {
@@ -284,6 +297,11 @@ typedef struct keel_options_s {
   bool background_purge;    /* KEEL_BACKGROUND_PURGE: a helper thread purges on a timer */
   bool check;               /* KEEL_CHECK: checked mode (canaries, poison, quarantine) */
   bool publish;             /* KEEL_PUBLISH: statistics readable by `keel stats PID` */
+  uint64_t profile_rate;    /* KEEL_PROFILE_RATE: bytes between heap samples (0: off) */
+  uint64_t profile_growth;  /* KEEL_PROFILE_GROWTH: dump a profile after this much growth */
+  bool profile_at_exit;     /* KEEL_PROFILE_AT_EXIT: dump a profile at exit */
+  bool profile_leaks;       /* KEEL_PROFILE_LEAKS: report live sampled blocks at exit */
+  char profile_prefix[200]; /* KEEL_PROFILE_PREFIX: dumps go to PREFIX.<pid>.<n>.heap */
 } keel_options_t;
 
 extern keel_options_t _keel_options KEEL_INTERNAL;
@@ -320,6 +338,27 @@ void _keel_buf_pad(keel_buf_t* b, size_t col) KEEL_INTERNAL;
  * KEEL_DEBUG >= 2 builds (which run it every KEEL_VERIFY_EVERY slow-path calls). */
 void _keel_verify(void) KEEL_INTERNAL;
 #define KEEL_VERIFY_EVERY 4096
+
+/* ---- heap profiling (profile.c) --------------------------------------------------------
+ * KEEL_PROFILE_RATE=N samples about one allocation per N bytes. A sampled small block
+ * comes from a sampled slab (page-map tag KEEL_KIND_SAMPLED), so only its free leaves
+ * the fast path; large and huge blocks are sampled on their own (slow) paths. */
+extern bool _keel_profiling KEEL_INTERNAL;
+void _keel_profile_init(void) KEEL_INTERNAL;
+/* The countdown of bin b (of the calling thread's cache) reached zero after popping p
+ * for a request of n bytes: returns the block to hand out (p itself, or a sampled
+ * block with p pushed back). */
+void* _keel_profile_sample_small(keel_bin_t* b, void* p, size_t n) KEEL_INTERNAL;
+/* The same for the malloc fast path, whose bin follows from n (1..KEEL_SMALL_MAX): the
+ * fast path then needs no extra register to make the call. */
+void* _keel_profile_sample_sized(void* p, size_t n) KEEL_INTERNAL;
+void _keel_profile_sample_big(void* p, size_t n) KEEL_INTERNAL; /* large/huge, if due */
+void _keel_profile_forget(void* p) KEEL_INTERNAL;   /* a sampled block is freed */
+uint32_t _keel_profile_first_countdown(unsigned cls) KEEL_INTERNAL;
+/* Writes the profile (pprof legacy heap format) to path; returns false on error. */
+bool _keel_profile_dump_to(const char* path) KEEL_INTERNAL;
+void _keel_profile_tick(void) KEEL_INTERNAL;   /* purger: growth-triggered dumps */
+void _keel_profile_at_exit(void) KEEL_INTERNAL;
 
 /* ---- publishing (publish.c) --------------------------------------------------------- */
 void _keel_publish_init(void) KEEL_INTERNAL;

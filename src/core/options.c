@@ -11,6 +11,11 @@ keel_options_t _keel_options = {
     .background_purge = true,
     .check = false,
     .publish = true,
+    .profile_rate = 0,
+    .profile_growth = 0,
+    .profile_at_exit = true,
+    .profile_leaks = false,
+    .profile_prefix = "/tmp/keel-profile",
 };
 
 static bool eq(const char* a, const char* b) { return strcmp(a, b) == 0; }
@@ -65,4 +70,11 @@ void _keel_options_init(void) {
   read_bool("KEEL_BACKGROUND_PURGE", &_keel_options.background_purge);
   read_bool("KEEL_CHECK", &_keel_options.check);
   read_bool("KEEL_PUBLISH", &_keel_options.publish);
+  read_size("KEEL_PROFILE_RATE", &_keel_options.profile_rate);
+  read_size("KEEL_PROFILE_GROWTH", &_keel_options.profile_growth);
+  read_bool("KEEL_PROFILE_AT_EXIT", &_keel_options.profile_at_exit);
+  read_bool("KEEL_PROFILE_LEAKS", &_keel_options.profile_leaks);
+  char prefix[sizeof _keel_options.profile_prefix];
+  if (_keel_prim_getenv("KEEL_PROFILE_PREFIX", prefix, sizeof prefix) && prefix[0])
+    memcpy(_keel_options.profile_prefix, prefix, sizeof prefix);
 }

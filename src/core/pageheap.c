@@ -59,9 +59,18 @@ static void list_insert(keel_chunk_t* c) {
   by_run[c->run] = c;
 }
 
+static size_t purge_locked(bool all, uint64_t now);
+
 static keel_chunk_t* chunk_new(void) {
   keel_chunk_t* c = (keel_chunk_t*)_keel_prim_map(KEEL_CHUNK_SIZE, KEEL_CHUNK_SIZE, next_hint);
-  if (c == NULL) return NULL;
+  if (c == NULL) {
+    /* Out of address space or memory (RLIMIT_AS, overcommit): give back everything
+     * retained — free chunks and cached huge mappings — and try once more. */
+    purge_locked(true, _keel_prim_clock_ms());
+    _keel_huge_purge(true);
+    c = (keel_chunk_t*)_keel_prim_map(KEEL_CHUNK_SIZE, KEEL_CHUNK_SIZE, NULL);
+    if (c == NULL) return NULL;
+  }
   if (!_keel_pagemap_set((uintptr_t)c, KEEL_CHUNK_UNITS, KEEL_KIND_NONE)) {
     _keel_prim_unmap(c, KEEL_CHUNK_SIZE);
     return NULL;
@@ -117,8 +126,6 @@ static void give_units(keel_chunk_t* c, unsigned k, size_t n, uint64_t now) {
   c->dirty_mask |= bits;
   dirty_units += n;
 }
-
-static size_t purge_locked(bool all, uint64_t now);
 
 keel_slab_t* _keel_pageheap_alloc(size_t n, size_t align, bool* zeroed) {
   keel_assert(n >= 1 && n < KEEL_CHUNK_UNITS);

@@ -47,6 +47,7 @@ static void bins_reset(keel_tcache_t* t) {
     t->bins[cls].head = NULL;
     t->bins[cls].max = initial_max(cls);
     t->bins[cls].avail = t->bins[cls].max;
+    t->bins[cls].until_sample = _keel_profile_first_countdown(cls);
   }
   t->bins[0].head = NULL;
   t->bins[0].max = t->bins[0].avail = 0;

@@ -17,7 +17,7 @@ void* _keel_alloc_direct(unsigned cls) {
   return p;
 }
 
-static inline void* alloc_class(unsigned cls, bool via_cache) {
+static inline void* alloc_class(unsigned cls, size_t n, bool via_cache) {
   if (!via_cache) return _keel_alloc_direct(cls);
   keel_tcache_t* t = _keel_tc;
   keel_bin_t* b = &t->bins[cls];
@@ -26,9 +26,12 @@ static inline void* alloc_class(unsigned cls, bool via_cache) {
     b->head = p[0];
     b->avail++;
     p[1] = NULL;
-    return p;
+  } else {
+    p = (void**)_keel_tcache_alloc_slow(t, cls);
+    if (p == NULL || t == &_keel_tc_empty) return p;
   }
-  return _keel_tcache_alloc_slow(t, cls);
+  if (KEEL_UNLIKELY(--b->until_sample == 0)) return _keel_profile_sample_small(b, p, n);
+  return p;
 }
 
 void* _keel_alloc_any(size_t n, size_t align, bool zero, bool via_cache) {
@@ -37,12 +40,13 @@ void* _keel_alloc_any(size_t n, size_t align, bool zero, bool via_cache) {
   if (n > KEEL_MAX_ALLOC) return enomem();
   if (align <= 16) {
     if (n <= KEEL_CLASS_MAX) {
-      void* p = alloc_class(keel_size_class(n), via_cache);
+      void* p = alloc_class(keel_size_class(n), n, via_cache);
       if (zero && p) memset(p, 0, n);
       return p;
     }
-    if (n <= KEEL_LARGE_MAX) return _keel_large_alloc(n, 0, zero);
-    return _keel_huge_alloc(n, 0, zero);
+    void* p = n <= KEEL_LARGE_MAX ? _keel_large_alloc(n, 0, zero) : _keel_huge_alloc(n, 0, zero);
+    if (KEEL_UNLIKELY(_keel_profiling) && p) _keel_profile_sample_big(p, n);
+    return p;
   }
   /* Small classes whose size is a multiple of the alignment hold only aligned blocks
    * (slabs start on 64 KiB boundaries). */
@@ -51,19 +55,22 @@ void* _keel_alloc_any(size_t n, size_t align, bool zero, bool via_cache) {
     unsigned cls = keel_size_class(rounded);
     while (cls < KEEL_NUM_CLASSES && _keel_classes[cls].size % align != 0) cls++;
     if (cls < KEEL_NUM_CLASSES) {
-      void* p = alloc_class(cls, via_cache);
+      void* p = alloc_class(cls, n, via_cache);
       if (zero && p) memset(p, 0, n);
       return p;
     }
   }
-  if (n <= KEEL_LARGE_MAX && align <= KEEL_CHUNK_SIZE / 2)
-    return _keel_large_alloc(n > KEEL_CLASS_MAX ? n : KEEL_CLASS_MAX + 1, align, zero);
-  return _keel_huge_alloc(n, align, zero);
+  void* p = n <= KEEL_LARGE_MAX && align <= KEEL_CHUNK_SIZE / 2
+                ? _keel_large_alloc(n > KEEL_CLASS_MAX ? n : KEEL_CLASS_MAX + 1, align, zero)
+                : _keel_huge_alloc(n, align, zero);
+  if (KEEL_UNLIKELY(_keel_profiling) && p) _keel_profile_sample_big(p, n);
+  return p;
 }
 
 size_t _keel_usable_size(const void* p, const char* call) {
   uint8_t kind = keel_pagemap_get(p);
   if (kind >= 1 && kind < KEEL_NUM_CLASSES) return _keel_classes[kind].size;
+  if (keel_sampled_class(kind)) return _keel_classes[keel_sampled_class(kind)].size;
   size_t n = 0;
   if (kind == KEEL_KIND_LARGE) n = _keel_large_usable(p);
   else if (kind == KEEL_KIND_HUGE) n = _keel_huge_usable(p);

@@ -24,7 +24,8 @@ static void verify_slab(keel_chunk_t* c, unsigned k, keel_slab_t* s, uint64_t* u
   VERIFY(s->in_partial == (s->used < kc->count) || s->used == 0);
   for (unsigned u = 0; u < s->units; u++) {
     VERIFY(c->units[k + u].head == k);
-    VERIFY(keel_pagemap_get(keel_unit_addr(c, k + u)) == cls);
+    VERIFY(keel_pagemap_get(keel_unit_addr(c, k + u)) ==
+           (s->sampled ? KEEL_KIND_SAMPLED(cls) : cls));
   }
   used_by_class[cls] += s->used;
 }
@@ -75,7 +76,11 @@ void _keel_verify(void) {
       VERIFY(n == kc->batch);
     }
     for (keel_slab_t* s = cl->partial; s != NULL; s = s->next) {
-      VERIFY(s->state == KEEL_UNIT_SLAB && s->cls == cls && s->in_partial);
+      VERIFY(s->state == KEEL_UNIT_SLAB && s->cls == cls && s->in_partial && !s->sampled);
+      VERIFY(s->used < kc->count);
+    }
+    for (keel_slab_t* s = cl->sampled_partial; s != NULL; s = s->next) {
+      VERIFY(s->state == KEEL_UNIT_SLAB && s->cls == cls && s->in_partial && s->sampled);
       VERIFY(s->used < kc->count);
     }
   }
@@ -93,6 +98,6 @@ void _keel_verify(void) {
       VERIFY(keel_pagemap_get(q) == cls);
       VERIFY(n <= b->max);
     }
-    VERIFY(n == b->max - b->avail);
+    VERIFY(n == (uint32_t)(b->max - b->avail));
   }
 }

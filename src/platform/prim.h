@@ -85,6 +85,21 @@ bool _keel_prim_thread_start(void* (*fn)(void*), void* arg);
 /* Sleeps the calling thread for `ms` milliseconds. */
 void _keel_prim_sleep_ms(uint64_t ms);
 
+/* -- stacks and files ------------------------------------------------------------------ */
+/* Return addresses of the calling thread's stack, innermost first, skipping `skip`
+ * frames; returns how many were stored. Does not allocate. */
+int _keel_prim_backtrace(void** out, int max, int skip);
+/* The address range of the code of the shared object (or executable) containing
+ * `addr`; false if unknown. Used to drop Keel's own frames from stacks. */
+bool _keel_prim_code_range(const void* addr, uintptr_t* lo, uintptr_t* hi);
+/* Writes "function+0xoff (object)" for a code address into buf; false if unknown. */
+bool _keel_prim_symbolize(const void* addr, char* buf, size_t size);
+/* Opens `path` for writing (created 0600, truncated); returns a descriptor or -1. */
+int _keel_prim_open_write(const char* path);
+void _keel_prim_close(int fd);
+/* Appends the contents of the file `path` to descriptor fd (e.g. /proc/self/maps). */
+void _keel_prim_copy_file(const char* path, int fd);
+
 /* -- publishing to other processes --------------------------------------------------- */
 /* Creates (replacing a stale one) a shared-memory file readable and writable only by
  * this process's user, named `name` (no slashes) in the OS's shared-memory directory,

@@ -17,6 +17,9 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+#include <unwind.h>
+#include <dlfcn.h>
+#include <link.h>
 
 extern char** environ;
 
@@ -322,4 +325,117 @@ void _keel_prim_publish_remove(const char* name) {
   int saved = errno;
   unlink(path);
   errno = saved;
+}
+
+/* -- stacks and files ------------------------------------------------------------------ */
+
+typedef struct {
+  void** out;
+  int max, n, skip;
+} trace_state;
+
+static _Unwind_Reason_Code trace_one(struct _Unwind_Context* ctx, void* arg) {
+  trace_state* st = (trace_state*)arg;
+  uintptr_t ip = _Unwind_GetIP(ctx);
+  if (ip == 0) return _URC_END_OF_STACK;
+  if (st->skip > 0) {
+    st->skip--;
+    return _URC_NO_REASON;
+  }
+  if (st->n >= st->max) return _URC_END_OF_STACK;
+  st->out[st->n++] = (void*)ip;
+  return _URC_NO_REASON;
+}
+
+int _keel_prim_backtrace(void** out, int max, int skip) {
+  /* libgcc's unwinder, linked statically into libkeel (libgcc_eh): it finds frames
+   * through .eh_frame, so programs built without frame pointers are walked correctly,
+   * and it does not allocate. */
+  trace_state st = {out, max, 0, skip + 1};
+  int saved = errno;
+  _Unwind_Backtrace(trace_one, &st);
+  errno = saved;
+  return st.n;
+}
+
+int _keel_prim_open_write(const char* path) {
+  int saved = errno;
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  errno = saved;
+  return fd;
+}
+
+void _keel_prim_close(int fd) {
+  int saved = errno;
+  close(fd);
+  errno = saved;
+}
+
+void _keel_prim_copy_file(const char* path, int fd) {
+  int saved = errno;
+  int in = open(path, O_RDONLY | O_CLOEXEC);
+  if (in >= 0) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(in, buf, sizeof buf)) > 0) _keel_prim_write(fd, buf, (size_t)n);
+    close(in);
+  }
+  errno = saved;
+}
+
+typedef struct {
+  uintptr_t addr, lo, hi;
+  bool found;
+} range_query;
+
+static int range_cb(struct dl_phdr_info* info, size_t size, void* arg) {
+  (void)size;
+  range_query* q = (range_query*)arg;
+  for (int i = 0; i < info->dlpi_phnum; i++) {
+    const ElfW(Phdr)* ph = &info->dlpi_phdr[i];
+    if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X)) continue;
+    uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
+    if (q->addr >= lo && q->addr < hi) {
+      q->lo = lo;
+      q->hi = hi;
+      q->found = true;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+bool _keel_prim_code_range(const void* addr, uintptr_t* lo, uintptr_t* hi) {
+  range_query q = {(uintptr_t)addr, 0, 0, false};
+  int saved = errno;
+  dl_iterate_phdr(range_cb, &q);
+  errno = saved;
+  *lo = q.lo;
+  *hi = q.hi;
+  return q.found;
+}
+
+bool _keel_prim_symbolize(const void* addr, char* buf, size_t size) {
+  Dl_info info;
+  int saved = errno;
+  int ok = dladdr(addr, &info);
+  errno = saved;
+  if (!ok || size < 8) return false;
+  const char* name = info.dli_sname ? info.dli_sname : "??";
+  uintptr_t base = info.dli_sname ? (uintptr_t)info.dli_saddr : (uintptr_t)info.dli_fbase;
+  size_t n = 0;
+  for (const char* c = name; *c && n + 24 < size; c++) buf[n++] = *c;
+  buf[n++] = '+';
+  buf[n++] = '0';
+  buf[n++] = 'x';
+  uintptr_t off = (uintptr_t)addr - base;
+  char hex[17];
+  int h = 0;
+  do {
+    hex[h++] = "0123456789abcdef"[off & 15];
+    off >>= 4;
+  } while (off && h < 16);
+  while (h > 0 && n + 1 < size) buf[n++] = hex[--h];
+  buf[n] = 0;
+  return true;
 }

@@ -1,0 +1,68 @@
+"""Keel's run-time options: the one table the lab uses (`keel options`, reports, deploy).
+
+The truth is src/core/options.c: every option is read once at start-up from the
+environment as KEEL_<NAME>. When an option is added there, add it here
+(tests/test_cli.py fails until then). Sizes take K/M/G suffixes (binary: 1K = 1024), optionally
+followed by B or iB; booleans take 1/0, on/off, yes/no, true/false. A bad value prints
+one warning line and the default is used. tests/test_cli.py checks that this table and
+options.c name the same variables.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KeelOption:
+    env: str
+    kind: str        # "milliseconds", "size", "bool"
+    default: str
+    meaning: str
+
+
+OPTIONS: tuple[KeelOption, ...] = (
+    KeelOption("KEEL_PURGE_DELAY", "milliseconds", "1000",
+               "How long freed memory stays mapped before it is returned to the OS "
+               "(purged). Lower: smaller RSS after a burst, more page faults when memory is "
+               "reused; 0: as soon as possible."),
+    KeelOption("KEEL_TCACHE_MAX", "size (K/M/G)", "1M",
+               "Most bytes one thread's cache may hold. Bigger: fewer trips to the shared "
+               "lists for threads that allocate a lot; more memory parked per thread (watch "
+               "RSS per thread on servers with thousands of threads)."),
+    KeelOption("KEEL_HUGE_PAGE_SIZE", "size (K/M/G)", "0 (ask the OS)",
+               "Override the transparent huge page size Keel assumes; 0 uses what the "
+               "kernel reports (/sys/kernel/mm/transparent_hugepage/hpage_pmd_size)."),
+    KeelOption("KEEL_STATS", "bool", "off",
+               "Print Keel's statistics (allocated, active, cached, mapped, committed, "
+               "retained, metadata, purged bytes, threads) to stderr when the process exits."),
+    KeelOption("KEEL_BACKGROUND_PURGE", "bool", "on",
+               "A helper thread wakes every KEEL_PURGE_DELAY/4 and returns free memory whose "
+               "delay has passed, so an idle process shrinks; off: purging only happens "
+               "inside malloc/free calls."),
+    KeelOption("KEEL_CHECK", "bool", "off",
+               "Checked mode for debugging: canaries after every block, freed blocks "
+               "poisoned and held in a quarantine, size words protected; overflows, writes "
+               "after free, double and invalid frees are reported where they are seen. Much "
+               "slower (no thread caches): not for production."),
+    KeelOption("KEEL_PUBLISH", "bool", "on",
+               "Publish live statistics in /dev/shm/keel-<pid> (mode 0600) once the process "
+               "has lived a second, so another process can read them and ask for a purge "
+               "(the lab's live view); refreshed by the background purger only when asked."),
+    KeelOption("KEEL_PROFILE_RATE", "size (K/M/G)", "0 (off)",
+               "Sampled heap profiling: about one sample per this many bytes allocated "
+               "(e.g. 512K), with its stack; profiles are written in pprof's heap format. "
+               "Off costs nothing measurable."),
+    KeelOption("KEEL_PROFILE_GROWTH", "size (K/M/G)", "0 (off)",
+               "With profiling on: write a profile each time the sampled live heap has grown "
+               "by this much."),
+    KeelOption("KEEL_PROFILE_AT_EXIT", "bool", "on",
+               "With profiling on: write a profile when the process exits."),
+    KeelOption("KEEL_PROFILE_LEAKS", "bool", "off",
+               "With profiling on: report the sampled blocks still live at exit (leaks)."),
+    KeelOption("KEEL_PROFILE_PREFIX", "path", "/tmp/keel-profile",
+               "Where profiles go: PREFIX.<pid>.<n>.heap."),
+)
+
+
+def by_env() -> dict[str, KeelOption]:
+    return {o.env: o for o in OPTIONS}

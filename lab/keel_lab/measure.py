@@ -1,0 +1,187 @@
+"""Measuring processes: resident memory (RSS) over time, and latency statistics.
+
+    sampler = RssSampler(pid, interval=0.2, children=True)
+    sampler.start()
+    ...                                # the workload runs
+    sampler.stop()
+    sampler.peak_kib, sampler.final_kib, sampler.series   # series: [[t_seconds, kib], ...]
+
+    latency_summary([1.2, 0.9, ...])   # {"mean_ms", "p50_ms", "p95_ms", "p99_ms", "max_ms", "count"}
+
+RSS is read from /proc/PID/status (VmRSS), which is what `ps`/`top` show and what the
+kernel charges the process for; with children=True the RSS of all descendants is added
+(e.g. PostgreSQL's backends, or a program started through a launcher).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from typing import Iterable, Optional, Sequence
+
+import psutil
+
+
+def read_vmrss_kib(pid: int) -> Optional[int]:
+    """VmRSS of one process in KiB, or None if it is gone (or a zombie: no VmRSS)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    except OSError:
+        return None
+    return None
+
+
+def read_vmhwm_kib(pid: int) -> Optional[int]:
+    """VmHWM (the kernel's own RSS high-water mark) of one process in KiB, or None."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def descendants(pid: int) -> list[int]:
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return []
+
+
+def tree_rss_kib(pid: int, children: bool = True) -> Optional[int]:
+    """RSS of pid (plus its descendants); None if pid is gone."""
+    own = read_vmrss_kib(pid)
+    if own is None and not children:
+        return None
+    total = own or 0
+    alive = own is not None
+    if children:
+        for c in descendants(pid):
+            r = read_vmrss_kib(c)
+            if r is not None:
+                total += r
+                alive = True
+    return total if alive else None
+
+
+class RssSampler:
+    """Samples the RSS of a process (and optionally its descendants) every `interval`
+    seconds on a background thread. Use as a context manager or start()/stop().
+    Sampling stops by itself when the process is gone."""
+
+    def __init__(self, pid: int, interval: float = 0.2, children: bool = True,
+                 t0: Optional[float] = None):
+        if not 0.01 <= interval <= 10:
+            raise ValueError("interval must be between 0.01 and 10 s")
+        self.pid = pid
+        self.interval = interval
+        self.children = children
+        self.t0 = time.monotonic() if t0 is None else t0
+        self.series: list[list[float]] = []     # [[seconds since t0, kib], ...]
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+
+    def sample(self) -> Optional[int]:
+        kib = tree_rss_kib(self.pid, self.children)
+        if kib is not None:
+            with self._lock:
+                self.series.append([round(time.monotonic() - self.t0, 3), kib])
+        return kib
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if self.sample() is None and not psutil.pid_exists(self.pid):
+                break
+            self._stop.wait(self.interval)
+
+    def start(self) -> "RssSampler":
+        self._thread = threading.Thread(target=self._loop, name=f"rss-{self.pid}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> "RssSampler":
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        return self
+
+    def __enter__(self) -> "RssSampler":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def peak_kib(self) -> Optional[int]:
+        with self._lock:
+            return max((k for _, k in self.series), default=None)
+
+    @property
+    def final_kib(self) -> Optional[int]:
+        with self._lock:
+            return self.series[-1][1] if self.series else None
+
+    def result(self) -> dict:
+        """{"rss_peak_kib", "rss_final_kib"} metrics and the series, for a suite result."""
+        return {"rss_peak_kib": self.peak_kib, "rss_final_kib": self.final_kib,
+                "series": [list(p) for p in self.series]}
+
+
+# ---------------------------------------------------------------------------------
+# statistics
+
+
+def percentile(values: Sequence[float], p: float) -> Optional[float]:
+    """The p-th percentile (0..100) with linear interpolation between closest ranks
+    (numpy's default); None for an empty list."""
+    if not values:
+        return None
+    xs = sorted(values)
+    if len(xs) == 1:
+        return float(xs[0])
+    k = (len(xs) - 1) * (p / 100.0)
+    lo, hi = math.floor(k), math.ceil(k)
+    if lo == hi:
+        return float(xs[int(k)])
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def latency_summary(latencies_ms: Iterable[float]) -> dict:
+    """mean, p50, p95, p99 and max of latencies (milliseconds), rounded to µs, as
+    metrics keys; empty input gives an empty dict."""
+    xs = sorted(float(v) for v in latencies_ms)
+    if not xs:
+        return {}
+    r = lambda v: round(v, 3)  # noqa: E731
+    return {"mean_ms": r(statistics.fmean(xs)), "p50_ms": r(percentile(xs, 50)),
+            "p95_ms": r(percentile(xs, 95)), "p99_ms": r(percentile(xs, 99)),
+            "max_ms": r(xs[-1]), "count": len(xs)}
+
+
+def spread(values: Sequence[float]) -> Optional[float]:
+    """(max - min) / median: how far apart repeated runs are (0.05 = 5%)."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    if len(vals) < 2:
+        return 0.0
+    med = statistics.median(vals)
+    if med == 0:
+        return 0.0
+    return (max(vals) - min(vals)) / abs(med)
+
+
+def geomean(values: Iterable[float]) -> Optional[float]:
+    vals = [v for v in values if v is not None and v > 0]
+    if not vals:
+        return None
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))

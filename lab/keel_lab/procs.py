@@ -1,0 +1,80 @@
+"""Child processes that are always cleaned up: own process group, killed on the way out."""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import time
+from typing import Optional
+
+
+def stop(p: subprocess.Popen, grace: float = 3.0) -> None:
+    """SIGTERM to the child's process group (it must have been started with
+    start_new_session=True), SIGKILL after `grace` seconds; reaps it."""
+    if p.poll() is not None:
+        _kill_group(p.pid, signal.SIGKILL)   # stragglers it left behind
+        return
+    _kill_group(p.pid, signal.SIGTERM)
+    try:
+        p.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    _kill_group(p.pid, signal.SIGKILL)
+    try:
+        p.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def describe_exit(code: Optional[int]) -> str:
+    if code is None:
+        return "still running"
+    if code >= 0:
+        return f"exit status {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"killed by {name}"
+
+
+class LineReader:
+    """Reads lines from a child's stdout pipe with a timeout."""
+
+    def __init__(self, p: subprocess.Popen):
+        self.p = p
+        self.fd = p.stdout.fileno()
+        self.buf = b""
+
+    def readline(self, timeout: float) -> Optional[str]:
+        """The next line (without newline); None on EOF; TimeoutError after timeout."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            r, _, _ = select.select([self.fd], [], [], min(left, 0.5))
+            if not r:
+                continue
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                if self.buf:
+                    line, self.buf = self.buf, b""
+                    return line.decode("utf-8", "replace")
+                return None
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line.decode("utf-8", "replace")
+
+
+def tail(text: str, lines: int = 8) -> str:
+    t = text.strip().splitlines()
+    return "\n".join("    " + x for x in t[-lines:])

@@ -1,0 +1,60 @@
+"""The contract every benchmark suite follows.
+
+A suite runs one workload once under one allocator and returns plain JSON-able data.
+The bench driver (keel_lab.bench) decides the order (allocators alternate within each
+round), repeats rounds, collects every run and writes results JSON; reports are
+rendered from that JSON only.
+
+A run's result (every key optional except "metrics"):
+    {
+      "metrics": {"throughput": 1234.5,            # ops/s or TPS (higher is better)
+                  "mean_ms": .., "p50_ms": .., "p95_ms": .., "p99_ms": ..,
+                  "rss_peak_kib": .., "rss_final_kib": .., ...suite-specific...},
+      "series":  {"rss_kib": [[t_seconds, kib], ...]},       # sampled over time
+      "points":  [{"x": 16, "throughput": .., "p95_ms": .., "rss_kib": ..}, ...],  # sweeps
+      "x_label": "threads",                                   # what "x" is in points
+      "phases":  [{"phase": "fill", "rss_kib": .., "used_memory_kib": .., "frag": ..}, ...],
+      "notes":   ["free text shown in the report"],
+    }
+Suites raise SuiteError with a message an operator can act on (missing binary, port in
+use, server died); they must stop every process they started, also on exceptions and
+KeyboardInterrupt (use try/finally and keel_lab.servers helpers).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..allocators import Allocator
+
+
+class SuiteError(RuntimeError):
+    """A failure with a message meant for the operator."""
+
+
+def _no_progress(message: str, fraction: Optional[float] = None) -> None:
+    pass
+
+
+@dataclass
+class SuiteContext:
+    allocator: Allocator
+    quick: bool
+    workdir: Path                       # throw-away directory for this run, removed after
+    progress: Callable[[str, Optional[float]], None] = _no_progress
+    options: dict = field(default_factory=dict)   # suite-specific knobs from the CLI
+    build_dir: Path = Path("build")     # where libkeel.so and bench/ programs are
+
+
+class Suite:
+    name: str = ""
+    description: str = ""
+    # Debian packages the suite needs (for the clear "install X" message).
+    needs_packages: tuple[str, ...] = ()
+
+    def check(self, ctx: SuiteContext) -> None:
+        """Raise SuiteError if something the suite needs is missing."""
+
+    def run(self, ctx: SuiteContext) -> dict:
+        raise NotImplementedError

@@ -1,0 +1,165 @@
+"""threads: memory an allocator keeps per thread (servers with thousands of threads).
+
+For each N in 1, 4, 16, 64, 256, 1024, 4096 (quick: up to 1024) a fresh process
+(native/threads_park.c, compiled with cc on first use into ~/.cache/keel-lab) first
+makes the same small allocations in main and reports its baseline RSS; then N threads
+each allocate a little (24 blocks of 16 B - 4 KiB, a third freed again) and park. With
+all N parked, VmRSS is read from /proc/PID/status:
+
+    RSS per thread = (RSS with N parked - baseline RSS) / N
+
+It includes each thread's touched stack pages and kernel-visible thread overhead,
+which are the same under every allocator; the differences are the allocator's
+per-thread caches and arenas. Threads get 256 KiB stacks (STACK_KIB option).
+
+Metrics: "rss_per_thread_kib" (at the largest N), "rss_peak_kib" (RSS with the largest
+N parked), "start_ms" (time for the largest N to start, allocate and park), and per N
+"n<N>.rss_per_thread_kib"; "points" has the whole sweep (x = threads).
+Options: counts=1,16,256  stack_kib=256  settle_ms=150 (wait before reading RSS).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from ..measure import read_vmrss_kib
+from ..paths import NATIVE_DIR, cache_dir
+from ..procs import LineReader, describe_exit, stop
+from .base import Suite, SuiteContext, SuiteError
+
+COUNTS = (1, 4, 16, 64, 256, 1024, 4096)
+QUICK_MAX = 1024
+SOURCE = NATIVE_DIR / "threads_park.c"
+
+
+def build_threads_park(dest_dir: Path | None = None) -> Path:
+    """Compiles threads_park.c (once per source version) and returns the binary."""
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if not cc:
+        raise SuiteError("threads: no C compiler (cc) found: sudo apt-get install build-essential")
+    src = SOURCE.read_bytes()
+    tag = hashlib.sha256(src).hexdigest()[:12]
+    d = Path(dest_dir) if dest_dir else cache_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    exe = d / f"threads_park-{tag}"
+    if os.access(exe, os.X_OK):
+        return exe
+    tmp = d / f".threads_park-{tag}.{os.getpid()}"
+    r = subprocess.run([cc, "-O2", "-std=gnu11", "-pthread", "-o", str(tmp), str(SOURCE)],
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise SuiteError(f"threads: compiling {SOURCE} failed:\n{r.stderr.strip()}")
+    os.replace(tmp, exe)
+    return exe
+
+
+class ThreadsSuite(Suite):
+    name = "threads"
+    description = "RSS per parked thread for 1..4096 threads, each having allocated a little"
+    needs_packages = ("build-essential",)
+
+    def counts(self, ctx: SuiteContext) -> list[int]:
+        spec = ctx.options.get("counts")
+        if spec:
+            try:
+                counts = [int(x) for x in str(spec).split(",") if x.strip()]
+            except ValueError:
+                raise SuiteError(f"threads: bad counts {spec!r} (want e.g. 1,16,256)") from None
+            if not counts or min(counts) < 1:
+                raise SuiteError("threads: counts must be >= 1")
+            return counts
+        return [n for n in COUNTS if not ctx.quick or n <= QUICK_MAX]
+
+    def check(self, ctx: SuiteContext) -> None:
+        self.counts(ctx)
+        build_threads_park()
+
+    def run(self, ctx: SuiteContext) -> dict:
+        exe = build_threads_park()
+        counts = self.counts(ctx)
+        stack_kib = int(ctx.options.get("stack_kib", 256))
+        settle = float(ctx.options.get("settle_ms", 150)) / 1000
+        points, metrics, notes = [], {}, []
+        for i, n in enumerate(counts):
+            ctx.progress(f"{n} threads", i / len(counts))
+            try:
+                pt = self._one(ctx, exe, n, stack_kib, settle)
+            except _TooMany as e:
+                notes.append(f"stopped at {n} threads: {e}")
+                break
+            base = pt.pop("_base")
+            points.append(pt)
+            metrics[f"n{n}.rss_per_thread_kib"] = pt["rss_per_thread_kib"]
+        ctx.progress("done", 1.0)
+        if not points:
+            raise SuiteError(f"threads under {ctx.allocator.name}: no thread count completed: "
+                             + "; ".join(notes))
+        last = points[-1]
+        metrics.update(rss_per_thread_kib=last["rss_per_thread_kib"],
+                       rss_peak_kib=last["rss_kib"], rss_base_kib=base,
+                       start_ms=last["start_ms"])
+        return {
+            "metrics": metrics,
+            "points": points,
+            "x_label": "threads",
+            "headline": {"speed": "start_ms", "memory": "rss_per_thread_kib"},
+            "params": {"counts": counts, "stack_kib": stack_kib},
+            "notes": notes,
+        }
+
+    def _one(self, ctx: SuiteContext, exe: Path, n: int, stack_kib: int, settle: float) -> dict:
+        timeout = 30 + n / 50
+        p = subprocess.Popen([str(exe), str(n), str(stack_kib)], cwd=ctx.workdir,
+                             env=ctx.allocator.env(), stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             start_new_session=True)
+        rd = LineReader(p)
+        try:
+            self._expect(p, rd, "base", timeout, ctx.allocator.name)
+            time.sleep(settle)
+            base = read_vmrss_kib(p.pid)
+            p.stdin.write(b"go\n")
+            p.stdin.flush()
+            line = self._expect(p, rd, "parked", timeout, ctx.allocator.name)
+            start_ms = int(line.split()[1]) / 1e6
+            time.sleep(settle)
+            parked = read_vmrss_kib(p.pid)
+            p.stdin.write(b"exit\n")
+            p.stdin.flush()
+            self._expect(p, rd, "done", timeout, ctx.allocator.name)
+            p.wait(timeout=timeout)
+            if base is None or parked is None:
+                raise SuiteError(f"threads: could not read /proc/{p.pid}/status")
+            return {"x": n, "rss_kib": parked, "rss_per_thread_kib": round((parked - base) / n, 2),
+                    "start_ms": round(start_ms, 3), "_base": base}
+        finally:
+            stop(p)
+
+    def _expect(self, p: subprocess.Popen, rd: LineReader, word: str, timeout: float,
+                alloc: str) -> str:
+        try:
+            line = rd.readline(timeout)
+        except TimeoutError:
+            raise SuiteError(f"threads: threads_park did not say {word!r} within "
+                             f"{timeout:.0f} s") from None
+        if line is not None and line.startswith("error"):
+            raise _TooMany(line.split(None, 2)[-1] + f" (after {line.split()[1]} threads)")
+        if line is None or not line.startswith(word):
+            try:
+                p.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+            err = p.stderr.read().decode("utf-8", "replace").strip() if p.poll() is not None else ""
+            raise SuiteError(f"threads: threads_park under {alloc} ended or misbehaved "
+                             f"(wanted {word!r}, got {line!r}; {describe_exit(p.poll())})"
+                             + (f": {err[-500:]}" if err else ""))
+        return line
+
+
+class _TooMany(Exception):
+    pass

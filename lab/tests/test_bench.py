@@ -1,0 +1,236 @@
+"""keel bench: order of runs, errors, Ctrl-C, results JSON, and real micro/threads runs."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import BUILD, keel
+from keel_lab import suites
+from keel_lab.allocators import Allocator
+from keel_lab.bench import BenchError, rotation, run_bench
+from keel_lab.summary import load, summarize
+from keel_lab.suites.base import Suite, SuiteError
+
+A, B, C = Allocator("a", None), Allocator("b", None), Allocator("c", None)
+
+
+def test_rotation():
+    assert rotation([1, 2, 3], 0) == [1, 2, 3]
+    assert rotation([1, 2, 3], 1) == [2, 3, 1]
+    assert rotation([1, 2, 3], 4) == [2, 3, 1]
+
+
+class FakeSuite(Suite):
+    name = "fake"
+    description = "a fake suite for the driver's tests"
+    calls: list = []
+    fail_on: set = set()          # (round-ish call index) to fail
+    interrupt_on: int = -1
+
+    def run(self, ctx):
+        i = len(FakeSuite.calls)
+        FakeSuite.calls.append((ctx.allocator.name, Path(ctx.workdir)))
+        assert Path(ctx.workdir).is_dir()
+        (Path(ctx.workdir) / "scratch").write_text("x")
+        ctx.progress("working", 0.5)
+        if i == FakeSuite.interrupt_on:
+            raise KeyboardInterrupt
+        if i in FakeSuite.fail_on:
+            raise SuiteError(f"fake failure on call {i}")
+        if i in getattr(FakeSuite, "crash_on", ()):
+            raise ValueError("a bug in the suite")
+        v = {"a": 100.0, "b": 90.0, "c": 120.0}[ctx.allocator.name]
+        return {"metrics": {"throughput": v + i, "p99_ms": 1000 / v, "rss_peak_kib": 1000 + i},
+                "series": {"rss_kib": [[0, 1], [1, 2]]}}
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    FakeSuite.calls, FakeSuite.fail_on, FakeSuite.interrupt_on = [], set(), -1
+    FakeSuite.crash_on = set()
+    monkeypatch.setitem(suites.REGISTRY, "fake", FakeSuite)
+    return FakeSuite
+
+
+def test_alternating_order_and_results_json(fake, tmp_path):
+    out = tmp_path / "r.json"
+    doc, path = run_bench(["fake"], [A, B, C], rounds=3, out=out, lock=False)
+    assert path == out
+    assert [c[0] for c in fake.calls] == list("abc" "bca" "cab")
+    for _a, wd in fake.calls:
+        assert not wd.exists(), "the run's work directory was not removed"
+    on_disk = load(out)
+    assert on_disk["meta"]["complete"] is True and on_disk["meta"]["interrupted"] is False
+    runs = on_disk["suites"]["fake"]["runs"]
+    assert [(r["round"], r["position"], r["allocator"]) for r in runs][:4] == \
+        [(1, 1, "a"), (1, 2, "b"), (1, 3, "c"), (2, 1, "b")]
+    assert all(r["ok"] and r["duration_s"] >= 0 for r in runs)
+    m = on_disk["meta"]
+    for k in ("started", "finished", "machine", "allocator_info", "keel", "rounds", "quick"):
+        assert k in m, k
+    for k in ("nproc", "memory_kib", "kernel", "cpu_model"):
+        assert m["machine"][k], k
+    assert m["rounds"] == 3 and m["allocators"] == ["a", "b", "c"]
+    assert on_disk["summary"]["fake"]["best"]["throughput"] == "c"
+
+
+def test_a_failing_run_is_recorded_and_the_bench_goes_on(fake, tmp_path):
+    fake.fail_on = {1}
+    fake.crash_on = {3}
+    doc, out = run_bench(["fake"], [A, B], rounds=2, out=tmp_path / "r.json", lock=False)
+    runs = load(out)["suites"]["fake"]["runs"]
+    assert len(runs) == 4
+    assert runs[1]["ok"] is False and "fake failure on call 1" in runs[1]["error"]
+    assert runs[3]["ok"] is False and "ValueError" in runs[3]["error"]
+    assert "traceback" in runs[3]
+    assert runs[2]["ok"] and runs[0]["ok"]
+    s = summarize(doc)["fake"]
+    assert s.runs_failed == {"b": 1, "a": 1}
+
+
+def test_unavailable_suite_is_an_error_in_the_results_not_a_crash(fake, tmp_path, monkeypatch):
+    monkeypatch.setitem(suites.UNAVAILABLE, "ghost", "keel_lab/suites/ghost.py does not exist")
+    doc, out = run_bench(["ghost", "fake"], [A], rounds=1, out=tmp_path / "r.json", lock=False)
+    d = load(out)
+    assert "does not exist" in d["suites"]["ghost"]["error"]
+    assert len(d["suites"]["fake"]["runs"]) == 1 and d["suites"]["fake"]["runs"][0]["ok"]
+
+
+def test_setup_errors():
+    with pytest.raises(BenchError, match="unknown suite"):
+        run_bench(["nonesuch"], [A], lock=False)
+    with pytest.raises(BenchError, match="listed twice"):
+        run_bench(["micro"], [A, A], lock=False)
+    with pytest.raises(BenchError, match="rounds"):
+        run_bench(["micro"], [A], rounds=0, lock=False)
+    with pytest.raises(BenchError, match="does not run"):
+        run_bench(["micro"], [A], options={"mikro": {"scale": "1"}}, lock=False)
+
+
+def test_ctrl_c_keeps_the_finished_runs(fake, tmp_path):
+    fake.interrupt_on = 2
+    doc, out = run_bench(["fake"], [A, B], rounds=3, out=tmp_path / "r.json", lock=False)
+    d = load(out)
+    assert d["meta"]["interrupted"] is True and d["meta"]["complete"] is False
+    assert len(d["suites"]["fake"]["runs"]) == 2
+    assert d["meta"]["finished"]
+    for _a, wd in fake.calls:
+        assert not wd.exists()
+
+
+# ---------------------------------------------------------------------------------
+# real runs (short: --quick sizes)
+
+
+def _need_micro():
+    if not (BUILD / "bench" / "measure").exists():
+        pytest.skip(f"bench programs are not built in {BUILD}/bench "
+                    f"(cmake --build {BUILD} --target keel_bench)")
+
+
+def test_bench_micro_quick_end_to_end(tmp_path, jemalloc_path):
+    _need_micro()
+    out = tmp_path / "micro.json"
+    r = keel("bench", "micro", "--quick", "--allocators", "glibc,jemalloc", "--rounds", "1",
+             "--out", str(out), timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "wall_s_geomean" in r.stdout and "glibc" in r.stdout and "jemalloc" in r.stdout
+    d = load(out)
+    assert d["meta"]["complete"] and d["meta"]["quick"] and d["meta"]["rounds"] == 1
+    info = d["meta"]["allocator_info"]
+    assert info["jemalloc"]["package"] == "libjemalloc2" and info["jemalloc"]["version"]
+    assert info["glibc"]["version"]
+    runs = d["suites"]["micro"]["runs"]
+    assert [r["allocator"] for r in runs] == ["glibc", "jemalloc"]
+    for run in runs:
+        assert run["ok"], run.get("error")
+        m = run["result"]["metrics"]
+        for k in ("wall_s_geomean", "cpu_s_geomean", "rss_peak_kib_geomean", "tree.wall_s",
+                  "tree.rss_peak_kib"):
+            assert m[k] > 0, k
+        assert run["result"]["series"]["rss_kib"]
+    assert not summarize(d)["micro"].problems       # checksums agree across allocators
+    r = keel("report", str(out), check=True)
+    assert out.with_suffix(".html").exists()
+
+
+def test_bench_threads_and_a_broken_suite(tmp_path):
+    """threads runs with small counts while micro fails its check (no programs in the
+    build dir): the error is reported and recorded, threads still runs."""
+    empty = tmp_path / "emptybuild"
+    empty.mkdir()
+    out = tmp_path / "t.json"
+    r = keel("--build-dir", str(empty), "bench", "micro", "threads", "--set",
+             "threads.counts=1,16", "--allocators", "glibc", "--rounds", "2", "--out", str(out),
+             timeout=600)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "not built" in r.stderr
+    d = load(out)
+    assert "not built" in d["suites"]["micro"]["error"] and d["suites"]["micro"]["runs"] == []
+    runs = d["suites"]["threads"]["runs"]
+    assert len(runs) == 2 and all(x["ok"] for x in runs)
+    pts = runs[0]["result"]["points"]
+    assert [p["x"] for p in pts] == [1, 16]
+    assert all(p["rss_per_thread_kib"] > 0 for p in pts)
+    assert runs[0]["result"]["metrics"]["rss_per_thread_kib"] == pts[-1]["rss_per_thread_kib"]
+
+
+def test_bench_bad_set_and_missing_allocator(tmp_path):
+    r = keel("bench", "threads", "--set", "nodot=1", "--allocators", "glibc")
+    assert r.returncode == 2 and "SUITE.KEY=VALUE" in r.stderr
+    r = keel("bench", "threads", "--allocators", f"glibc,{tmp_path}/libnothere.so")
+    assert r.returncode == 2 and "does not exist" in r.stderr and "--skip-missing" in r.stderr
+
+
+def _threads_park_procs():
+    out = []
+    for p in psutil.process_iter(["name", "cmdline"]):
+        try:
+            if (p.info["name"] or "").startswith("threads_park"):
+                out.append(p.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+def test_sigint_stops_cleanly_and_writes_partial_results(tmp_path):
+    out = tmp_path / "i.json"
+    before = set(_threads_park_procs())
+    p = subprocess.Popen([sys.executable, "-m", "keel_lab", "bench", "threads", "--set",
+                          "threads.counts=1,4,16,64,256", "--allocators", "glibc",
+                          "--rounds", "50", "--out", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            if p.poll() is not None:
+                break
+            try:
+                if len(json.loads(out.read_text())["suites"]["threads"]["runs"]) >= 1:
+                    break
+            except (OSError, ValueError, KeyError):
+                pass
+        assert p.poll() is None, p.communicate()
+        p.send_signal(signal.SIGINT)
+        stdout, stderr = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130, stdout + stderr
+    assert "Traceback" not in stderr
+    d = load(out)
+    assert d["meta"]["interrupted"] is True and d["meta"]["complete"] is False
+    n = len(d["suites"]["threads"]["runs"])
+    assert 1 <= n < 50
+    assert all(r["ok"] for r in d["suites"]["threads"]["runs"])
+    time.sleep(0.2)
+    assert set(_threads_park_procs()) - before == set(), "threads_park left running"

@@ -1,0 +1,203 @@
+"""The CLI: help, keel run, keel deploy, keel options, keel suites, the suite registry."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import BUILD, keel
+from keel_lab import suites
+from keel_lab.keel_options import OPTIONS
+from keel_lab.paths import SOURCE_DIR
+
+
+@pytest.mark.parametrize("sub", ["", "which", "run", "bench", "report", "recommend", "deploy",
+                                 "options", "suites", "allocators"])
+def test_help(sub):
+    r = keel(*([sub] if sub else []), "--help", check=True)
+    assert "usage: keel" in r.stdout
+
+
+def test_entry_point_and_module_agree():
+    exe = shutil.which("keel", path=os.path.dirname(sys.executable))
+    if not exe:
+        pytest.skip("the keel entry point is not installed in this venv (pip install -e lab)")
+    r = subprocess.run([exe, "--version"], capture_output=True, text=True)
+    assert r.returncode == 0 and "keel-lab" in r.stdout
+
+
+def test_no_command_prints_help():
+    r = keel()
+    assert r.returncode == 2 and "keel which PID" in r.stdout
+
+
+# -- keel run -------------------------------------------------------------------------
+
+
+def test_run_sets_ld_preload(jemalloc_path):
+    r = keel("run", "--allocator", "jemalloc", "--", "sh", "-c", 'echo "[$LD_PRELOAD]"',
+             check=True)
+    assert r.stdout.strip() == f"[{jemalloc_path}]"
+
+
+def test_run_glibc_removes_ld_preload(jemalloc_path):
+    env = {**os.environ, "LD_PRELOAD": jemalloc_path}
+    r = keel("run", "-a", "glibc", "--", "sh", "-c", 'echo "[${LD_PRELOAD-unset}]"', env=env,
+             check=True)
+    assert r.stdout.strip() == "[unset]"
+
+
+def test_run_passes_the_exit_status():
+    r = keel("run", "-a", "glibc", "--", "sh", "-c", "exit 7")
+    assert r.returncode == 7
+
+
+def test_run_with_missing_allocator_says_how_to_get_it(tmp_path):
+    r = keel("run", "--allocator", str(tmp_path / "libnothere.so"), "--", "true")
+    assert r.returncode == 2
+    assert "does not exist" in r.stderr
+    # keel not built in this build dir: the message says how to build it
+    empty = tmp_path / "emptybuild"
+    empty.mkdir()
+    r = keel("--build-dir", str(empty), "run", "--allocator", "keel", "--", "true")
+    assert r.returncode == 2
+    assert "libkeel.so not found" in r.stderr and "cmake" in r.stderr
+    r = keel("run", "--allocator", "nosuch", "--", "true")
+    assert r.returncode == 2 and "unknown allocator" in r.stderr
+
+
+def test_run_missing_debian_allocator_names_the_package(monkeypatch, tmp_path):
+    from keel_lab import allocators
+    monkeypatch.setattr(allocators, "LIBDIRS", [str(tmp_path)])
+    with pytest.raises(allocators.AllocatorNotFound, match="apt-get install libmimalloc2.0"):
+        allocators.find("mimalloc")
+
+
+def test_run_unknown_command():
+    r = keel("run", "-a", "glibc", "--", "/nonexistent/program")
+    assert r.returncode == 127 and "command not found" in r.stderr
+
+
+# -- keel deploy ----------------------------------------------------------------------
+
+
+def test_deploy_systemd_dropin(jemalloc_path):
+    r = keel("deploy", "jemalloc", "--for", "systemd", "myapp", check=True)
+    out = r.stdout
+    assert "/etc/systemd/system/myapp.service.d/keel-allocator.conf" in out
+    assert f'[Service]\nEnvironment="LD_PRELOAD={jemalloc_path}"' in out
+    assert "systemctl daemon-reload" in out and "systemctl restart myapp.service" in out
+    assert "keel which $(systemctl show -p MainPID --value myapp.service)" in out
+
+
+def test_deploy_redis_and_mariadb(jemalloc_path):
+    out = keel("deploy", "jemalloc", "--for", "redis", check=True).stdout
+    assert "/etc/systemd/system/redis-server.service.d/keel-allocator.conf" in out
+    assert f'Environment="LD_PRELOAD={jemalloc_path}"' in out
+    out = keel("deploy", "jemalloc", "--for", "mariadb", check=True).stdout
+    assert "/etc/systemd/system/mariadb.service.d/keel-allocator.conf" in out
+    assert f"[mysqld_safe]\nmalloc-lib={jemalloc_path}" in out
+
+
+def test_deploy_postgres_uses_the_cluster_environment_file(jemalloc_path):
+    out = keel("deploy", "jemalloc", "--for", "postgres", "15/main", check=True).stdout
+    assert "/etc/postgresql/15/main/environment" in out
+    assert f"LD_PRELOAD = '{jemalloc_path}'" in out
+    assert "systemctl restart postgresql@15-main.service" in out
+
+
+def test_deploy_keel_from_the_build_dir(keel_path):
+    out = keel("deploy", "keel", "--for", "redis", check=True).stdout
+    assert f"LD_PRELOAD={keel_path}" in out
+
+
+def test_deploy_warns_about_paths_services_cannot_see(tmp_path, jemalloc_path):
+    lib = tmp_path / "libjemalloc.so.2"
+    shutil.copy(jemalloc_path, lib)
+    out = keel("deploy", str(lib), "--for", "redis", check=True).stdout
+    if str(lib).startswith("/tmp/"):
+        assert "PrivateTmp" in out
+    assert "WARNING" in out and "/usr/local/lib" in out
+
+
+def test_deploy_errors(tmp_path):
+    r = keel("deploy", str(tmp_path / "libnothere.so"), "--for", "redis")
+    assert r.returncode == 2 and "does not exist" in r.stderr
+    r = keel("deploy", "glibc", "--for", "systemd")
+    assert r.returncode == 2 and "needs the unit name" in r.stderr
+    r = keel("deploy", "glibc", "--for", "nginx")
+    assert r.returncode == 2
+
+
+# -- keel options ---------------------------------------------------------------------
+
+
+def test_options_table_matches_options_c():
+    src = SOURCE_DIR / "src" / "core" / "options.c"
+    if not src.exists():
+        pytest.skip(f"{src} is not here (the lab is installed outside a Keel checkout)")
+    text = src.read_text()
+    in_c = set(re.findall(r'"(KEEL_[A-Z0-9_]+)"', text))
+    assert in_c == {o.env for o in OPTIONS}, (
+        "keel_lab/keel_options.py and src/core/options.c disagree: "
+        f"only in options.c: {sorted(in_c - {o.env for o in OPTIONS})}, "
+        f"only in the lab: {sorted({o.env for o in OPTIONS} - in_c)}")
+    # defaults: the C initialiser
+    assert ".purge_delay_ms = 1000" in text and ".background_purge = true" in text
+    assert ".tcache_bytes = 1u << 20" in text
+
+
+def test_options_command():
+    out = keel("options", check=True).stdout
+    for o in OPTIONS:
+        assert o.env in out
+    import json
+    d = json.loads(keel("options", "--json", check=True).stdout)
+    assert {x["env"] for x in d} == {o.env for o in OPTIONS}
+
+
+# -- suites -----------------------------------------------------------------------------
+
+
+def test_suites_listed():
+    out = keel("suites", check=True).stdout
+    assert "micro" in out and "threads" in out
+    assert "micro" in suites.REGISTRY and "threads" in suites.REGISTRY
+
+
+def test_registry_survives_broken_suite_modules(monkeypatch):
+    import importlib
+    real = importlib.import_module
+
+    def fake(name, *a, **kw):
+        if name.endswith(".boom"):
+            raise RuntimeError("kaboom at import")
+        return real(name, *a, **kw)
+    monkeypatch.setattr(suites, "MODULES", {**suites.MODULES, "boom": ("boom",),
+                                             "ghost_not_written": ("ghost",)})
+    monkeypatch.setattr(suites, "REGISTRY", {})
+    monkeypatch.setattr(suites, "UNAVAILABLE", {})
+    monkeypatch.setattr(suites.importlib, "import_module", fake)
+    suites._load()
+    assert "micro" in suites.REGISTRY and "threads" in suites.REGISTRY
+    assert "kaboom" in suites.UNAVAILABLE["boom"]
+    assert "does not exist" in suites.UNAVAILABLE["ghost"]
+    with pytest.raises(suites.SuiteError, match="not available"):
+        suites.get("boom")
+    with pytest.raises(suites.SuiteError, match="unknown suite"):
+        suites.get("nonesuch")
+
+
+def test_allocators_command():
+    out = keel("allocators", check=True).stdout
+    assert "glibc" in out and "keel" in out
+
+
+def test_build_dir_default_is_the_checkout():
+    if (SOURCE_DIR / "CMakeLists.txt").exists() and (SOURCE_DIR / "build").is_dir() \
+            and "KEEL_BUILD_DIR" not in os.environ:
+        assert BUILD == SOURCE_DIR / "build"

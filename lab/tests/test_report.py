@@ -1,0 +1,195 @@
+"""keel report / keel recommend on a small realistic results file, the page checked in
+headless Chromium; bad results files give clean errors and write nothing."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, keel
+from keel_lab.recommend import recommend, render_text
+from keel_lab.report import render, write_report
+from keel_lab.summary import ResultsError, load, summarize
+
+EXPECTED_CHARTS = {
+    "chart-redis-points-throughput", "chart-redis-points-p95_ms", "chart-redis-points-rss_kib",
+    "chart-redis-headline", "chart-redis-latency", "chart-redis-series-rss_kib",
+    "chart-redis-phases-rss_kib", "chart-redis-phases-used_memory_kib", "chart-redis-phases-frag",
+    "chart-threads-points-rss_per_thread_kib", "chart-threads-points-rss_kib",
+    "chart-threads-points-start_ms", "chart-threads-headline",
+    "chart-micro-headline", "chart-micro-phases-rss_kib", "chart-micro-detail-wall_s",
+    "chart-micro-detail-cpu_s", "chart-micro-detail-rss_peak_kib",
+}
+
+
+class _Collect(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.svg_ids, self.ids, self.urls, self.tags = [], [], [], {}
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags[tag] = self.tags.get(tag, 0) + 1
+        if tag == "svg" and "chart" in (a.get("class") or ""):
+            self.svg_ids.append(a.get("id"))
+        if a.get("id"):
+            self.ids.append(a["id"])
+        for k in ("src", "href", "xlink:href"):
+            v = a.get(k)
+            if v and not v.startswith("#") and not v.startswith("data:"):
+                self.urls.append((tag, k, v))
+
+
+def _parse(text: str) -> _Collect:
+    c = _Collect()
+    c.feed(text)
+    return c
+
+
+def test_summary_of_the_fixture(results_small):
+    doc = load(results_small)
+    s = summarize(doc)
+    redis = s["redis"]
+    assert redis.headline == {"speed": "throughput", "memory": "rss_peak_kib", "tail": "p99_ms"}
+    assert redis.best["throughput"] == "keel" and redis.best["p99_ms"] == "keel"
+    assert redis.runs_failed == {"glibc": 1} and len(redis.errors) == 1
+    st = redis.metrics["throughput"]["glibc"]
+    assert len(st.values) == 2 and st.ratio > 1.05          # glibc ~9% slower than keel
+    assert redis.metrics["throughput"]["keel"].ratio == 1.0
+    assert s["threads"].headline["memory"] == "rss_per_thread_kib"
+
+
+def test_recommend(results_small):
+    recs = {r["suite"]: r for r in recommend(load(results_small))}
+    v = recs["redis"]["verdicts"]
+    assert v["speed"]["winner"] == "keel" and v["speed"]["runner_up"] == "jemalloc"
+    assert v["tail"]["metric"] == "p99_ms"
+    assert recs["threads"]["verdicts"]["memory"]["winner"] == "glibc"
+    assert recs["threads"]["verdicts"]["memory"]["verdict"] == "clear"
+    # micro: glibc and jemalloc have the same RSS in the fixture: within the noise
+    assert recs["micro"]["verdicts"]["memory"]["verdict"] == "within noise"
+    text = render_text(load(results_small))
+    assert "within the noise" in text and "margin is real" in text
+    out = keel("recommend", str(results_small), check=True).stdout
+    assert "redis" in out and "overall" in out
+    assert json.loads(keel("recommend", str(results_small), "--json", check=True).stdout)
+
+
+def test_single_round_says_noise_unknown(results_small):
+    doc = load(results_small)
+    for s in doc["suites"].values():
+        s["runs"] = [r for r in s["runs"] if r["round"] == 1]
+    text = render_text(doc)
+    assert "noise is unknown" in text
+
+
+@pytest.fixture(scope="module")
+def report_html(tmp_path_factory) -> Path:
+    """The fixture's report, rendered once for the tests that look at it."""
+    d = tmp_path_factory.mktemp("report")
+    res = d / "results_small.json"
+    shutil.copy(FIXTURES / "results_small.json", res)
+    return write_report(res, d / "report.html")
+
+
+def test_report_html_is_self_contained_and_has_every_chart(report_html):
+    text = report_html.read_text()
+    c = _parse(text)
+    assert set(c.svg_ids) == EXPECTED_CHARTS
+    assert len(c.ids) == len(set(c.ids)), "duplicate element ids"
+    assert c.urls == [], f"external references: {c.urls}"
+    assert not re.search(r"url\((?!#)", text), "CSS url() pointing outside the page"
+    assert "@import" not in text
+    # tables, recommendation, meta block, Keel options (keel is among the allocators)
+    for i in ("table-redis", "table-threads", "table-micro", "recommendations", "meta",
+              "allocators", "keel-options"):
+        assert i in c.ids, i
+    assert "AMD EPYC 7B13" in text and "libjemalloc2" in text and "5.3.0-1" in text
+    assert "redis-server exited during the run" in text      # the failed run is shown
+    assert "7cec43e" in text                                  # Keel git revision
+
+
+def test_report_in_headless_chromium(report_html, tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or \
+        shutil.which("google-chrome")
+    if not chromium:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    out = report_html
+    profile = tmp_path / "profile"
+    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+           "--no-first-run", "--disable-background-networking", "--disable-component-update",
+           "--disable-sync", "--disable-dev-shm-usage", f"--user-data-dir={profile}"]
+    r = subprocess.run(cmd + ["--dump-dom", out.as_uri()], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    dom = _parse(r.stdout)
+    assert set(dom.svg_ids) == EXPECTED_CHARTS, sorted(set(EXPECTED_CHARTS) ^ set(dom.svg_ids))
+    # the charts were parsed as SVG with content, not left as text
+    assert dom.tags.get("path", 0) > 100 and dom.tags.get("text", 0) > 50
+    assert dom.tags.get("table", 0) >= 5
+    shot = tmp_path / "shot.png"
+    r = subprocess.run(cmd + ["--hide-scrollbars", "--window-size=1200,2400",
+                              f"--screenshot={shot}", out.as_uri()], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and shot.stat().st_size > 20000, r.stderr[-2000:]
+
+
+def test_report_cli_default_output_next_to_results(results_small):
+    doc = json.loads(results_small.read_text())       # one suite keeps it quick
+    doc["suites"] = {"threads": doc["suites"]["threads"]}
+    results_small.write_text(json.dumps(doc))
+    r = keel("report", str(results_small), check=True)
+    html = results_small.with_suffix(".html")
+    assert html.exists() and str(html) in r.stdout
+    assert 'id="chart-threads-points-rss_per_thread_kib"' in html.read_text()
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "does not exist"),
+    ("", "is empty"),
+    ("{not json", "not valid JSON"),
+    ('{"hello": 1}', "not a keel bench results file"),
+    ('{"format": "keel-lab-results", "meta": {}, "suites": {"x": {"runs": [{"ok": true, '
+     '"allocator": "glibc"}]}}}', "no metrics"),
+])
+def test_bad_results_file_gives_a_clean_error_and_writes_nothing(tmp_path, content, message):
+    res = tmp_path / "results.json"
+    if content is not None:
+        res.write_text(content)
+    out = tmp_path / "report.html"
+    with pytest.raises(ResultsError, match=message):
+        write_report(res, out)
+    assert not out.exists()
+    r = keel("report", str(res), "-o", str(out))
+    assert r.returncode == 1
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert not out.exists()
+    assert list(tmp_path.glob(".report.html*")) == []      # no temp file left behind
+    r = keel("recommend", str(res))
+    assert r.returncode == 1 and message in r.stderr
+
+
+def test_existing_report_is_kept_when_rendering_fails(results_small, tmp_path, monkeypatch):
+    out = tmp_path / "r.html"
+    out.write_text("previous report")
+    import keel_lab.report as rep
+
+    def boom(*a, **kw):
+        raise RuntimeError("chart failed")
+    monkeypatch.setattr(rep, "render", boom)
+    with pytest.raises(RuntimeError):
+        rep.write_report(results_small, out)
+    assert out.read_text() == "previous report"
+
+
+def test_incomplete_results_are_marked(results_small, tmp_path):
+    doc = json.loads(results_small.read_text())
+    doc["meta"].update(complete=False, interrupted=True)
+    html = render(doc, charts=False)
+    assert "INCOMPLETE" in html
+    assert "incomplete" in render_text(doc)

@@ -1,0 +1,1427 @@
+/* jemalloc_compat.c -- jemalloc 5.3's non-standard API, answered by Keel.
+ *
+ * Programs written for jemalloc call mallocx, rallocx, xallocx, sallocx, dallocx,
+ * sdallocx and nallocx, read statistics and steer the allocator through mallctl*(), and
+ * print malloc_stats_print(). Debian's redis-server, for one, is linked to
+ * libjemalloc.so.2: under LD_PRELOAD=libkeel.so its malloc and free come to Keel, and
+ * without these symbols its mallctl("stats.allocated") and nallocx() would still ask
+ * jemalloc, which holds none of its memory. Signatures, flag encodings and error codes
+ * are jemalloc 5.3's (checked against Debian's libjemalloc2 by tests/jemalloc); the
+ * figures are Keel's.
+ *
+ *   flags      bits 0-5 lg(alignment), bit 6 zero, bits 8-19 thread cache (0 automatic,
+ *              1 none, tc + 2 an explicit one), bits 20+ arena + 1. Keel has one heap
+ *              ("arena 0") and its per-thread caches; explicit caches and arenas map
+ *              onto those.
+ *   sizes      nallocx() computes the usable size _keel_alloc_any() would hand out (the
+ *              tier rules of tiers.c, large.c and huge.c), so nallocx(n, f) ==
+ *              sallocx(mallocx(n, f), 0), which programs such as Redis rely on.
+ *   mallctl    a static tree of named and indexed nodes. Names Keel has no answer for
+ *              return ENOENT, as jemalloc does for names it does not know; wrong value
+ *              sizes give EINVAL (copying what fits), writes to read-only names EPERM.
+ *   statistics one snapshot, taken when "epoch" is written (and at the first query), so
+ *              figures read together agree with each other, as in jemalloc.
+ *
+ * Nothing here holds a lock while calling back into the program (malloc_stats_print's
+ * write_cb may allocate), and the snapshot lock is a bounded spin: a process forked while
+ * another thread held it falls back to fresh figures instead of hanging.
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "core/internal.h"
+
+#define API __attribute__((visibility("default")))
+
+uint64_t _keel_large_live_bytes(void) KEEL_INTERNAL;    /* large.c */
+uint64_t _keel_pageheap_dirty_bytes(void) KEEL_INTERNAL; /* pageheap.c */
+
+/* ---- flags and limits ------------------------------------------------------------------ */
+
+#define JE_LG_ALIGN_MASK 0x3f
+#define JE_ZERO 0x40
+#define JE_TCACHE_MASK 0xfff00
+#define JE_TCACHE_NONE 0x100
+#define JE_ARENAS_ALL 4096u
+#define JE_ARENAS_DESTROYED 4097u
+#define JE_NARENAS 1u
+#define JE_TCACHE_IDS 4093u                  /* explicit cache ids that fit in the flag bits */
+#define JE_MAX_ALIGN ((size_t)1 << 62)        /* larger alignments: nallocx 0, mallocx NULL */
+#define JE_CHECKED_TAIL 16                    /* checked.c's spare bytes per block */
+#define JE_LARGE_MIN (KEEL_CLASS_MAX + KEEL_UNIT_SIZE) /* smallest large span: 3 units */
+#define JE_NLEXTENTS ((unsigned)((KEEL_LARGE_MAX - JE_LARGE_MIN) / KEEL_UNIT_SIZE + 1))
+
+#define JE_STR2(x) #x
+#define JE_STR(x) JE_STR2(x)
+#define JE_VERSION                                                                       \
+  "5.3.0-0-keel-" JE_STR(KEEL_VERSION_MAJOR) "." JE_STR(KEEL_VERSION_MINOR) "." JE_STR( \
+      KEEL_VERSION_PATCH)
+
+/* jemalloc's two configuration globals. Keel reads neither (its settings are KEEL_*),
+ * but programs refer to them; malloc_message is honoured by malloc_stats_print. */
+API const char* malloc_conf = NULL;
+API void (*malloc_message)(void* cbopaque, const char* s) = NULL;
+
+static void* enomem(void) {
+  _keel_prim_set_errno(_keel_prim_errno_enomem());
+  return NULL;
+}
+
+static size_t flag_align(int flags) {
+  unsigned lg = (unsigned)flags & JE_LG_ALIGN_MASK;
+  return lg ? (size_t)1 << lg : 0;
+}
+
+static bool flag_via_cache(int flags) { return (flags & JE_TCACHE_MASK) != JE_TCACHE_NONE; }
+
+static size_t round_up(size_t n, size_t to) { return (n + to - 1) & ~(to - 1); }
+
+/* ---- sizes --------------------------------------------------------------------------- */
+
+enum { TIER_NONE, TIER_SMALL, TIER_LARGE, TIER_HUGE };
+
+/* The usable size of the block _keel_alloc_any(n, align, ...) hands out, computed without
+ * allocating, and its tier; 0 if the request can never succeed. Follows tiers.c (a class,
+ * or for alignments up to a unit the first class whose size is a multiple of it), large.c
+ * (whole units, at least one more than the largest class when aligned) and huge.c (whole
+ * pages). tests/jemalloc checks it against real blocks over sizes and alignments. */
+static size_t plain_usable(size_t n, size_t align, int* tier) {
+  *tier = TIER_NONE;
+  if (n == 0) n = 1;
+  if (n > KEEL_MAX_ALLOC || align > JE_MAX_ALIGN) return 0;
+  if (align <= 16) {
+    if (n <= KEEL_CLASS_MAX) {
+      *tier = TIER_SMALL;
+      return _keel_classes[keel_size_class(n)].size;
+    }
+    if (n <= KEEL_LARGE_MAX) {
+      *tier = TIER_LARGE;
+      return round_up(n, KEEL_UNIT_SIZE);
+    }
+    *tier = TIER_HUGE;
+    return round_up(n, _keel_page_size);
+  }
+  size_t rounded = round_up(n, align); /* no overflow: n < 2^63, align <= 2^62 */
+  if (align <= KEEL_UNIT_SIZE && rounded <= KEEL_CLASS_MAX) {
+    unsigned cls = keel_size_class(rounded);
+    while (cls < KEEL_NUM_CLASSES && _keel_classes[cls].size % align != 0) cls++;
+    if (cls < KEEL_NUM_CLASSES) {
+      *tier = TIER_SMALL;
+      return _keel_classes[cls].size;
+    }
+  }
+  if (n <= KEEL_LARGE_MAX && align <= KEEL_CHUNK_SIZE / 2) {
+    *tier = TIER_LARGE;
+    return round_up(n > KEEL_CLASS_MAX ? n : KEEL_CLASS_MAX + 1, KEEL_UNIT_SIZE);
+  }
+  *tier = TIER_HUGE;
+  return round_up(n, _keel_page_size);
+}
+
+/* ---- allocation ---------------------------------------------------------------------- */
+
+API void* mallocx(size_t n, int flags) {
+  size_t align = flag_align(flags);
+  bool zero = (flags & JE_ZERO) != 0;
+  if (n == 0) n = 1; /* undefined in jemalloc; Keel hands out its smallest block */
+  keel_ensure_init();
+  if (align > JE_MAX_ALIGN) return enomem();
+  if (KEEL_UNLIKELY(_keel_options.check)) return _keel_checked_alloc(n, align, zero);
+  if (zero) {
+    /* Ask for the whole usable size: all of it must read as zero, not just n bytes. */
+    int tier;
+    n = plain_usable(n, align, &tier);
+    if (n == 0) return enomem();
+  }
+  return _keel_alloc_any(n, align, zero, flag_via_cache(flags));
+}
+
+/* Usable size of a live block; reports misuse naming `call` for anything else. */
+static size_t block_usable(void* p, const char* call) {
+  if (KEEL_UNLIKELY(_keel_options.check)) return _keel_checked_usable(p, call);
+  uint8_t kind = keel_pagemap_get(p);
+  size_t n = _keel_usable_size(p, call);
+  if (kind < KEEL_NUM_CLASSES && ((uintptr_t)p & 15) != 0)
+    _keel_misuse(call, "invalid pointer", p, ": not the start of a block", n);
+  return n;
+}
+
+static void release(void* p, const char* call) {
+  if (KEEL_UNLIKELY(_keel_options.check)) _keel_checked_free(p, call);
+  else free(p);
+}
+
+/* Moves to a block of exactly nallocx(n, flags) bytes unless p already is one (then it
+ * stays); large blocks grow and shrink in place when they can, huge ones through mremap.
+ * With MALLOCX_ZERO the bytes past the old usable size read as zero. On failure p is
+ * left as it was and NULL is returned. */
+API void* rallocx(void* p, size_t n, int flags) {
+  if (p == NULL) return mallocx(n, flags); /* undefined in jemalloc */
+  size_t align = flag_align(flags);
+  bool zero = (flags & JE_ZERO) != 0;
+  if (n == 0) n = 1;
+  keel_ensure_init();
+  if (align > JE_MAX_ALIGN) return enomem();
+  if (KEEL_UNLIKELY(_keel_options.check)) {
+    size_t old = _keel_checked_usable(p, "rallocx");
+    void* q = _keel_checked_alloc(n, align, zero);
+    if (q == NULL) return NULL;
+    memcpy(q, p, old < n ? old : n);
+    _keel_checked_free(p, "rallocx");
+    return q;
+  }
+  size_t old = block_usable(p, "rallocx");
+  int tier;
+  size_t want = plain_usable(n, align, &tier);
+  if (want == 0) return enomem();
+  if (align <= 16 || ((uintptr_t)p & (align - 1)) == 0) {
+    if (want == old) return p;
+    uint8_t kind = keel_pagemap_get(p);
+    if (kind == KEEL_KIND_LARGE && tier == TIER_LARGE) {
+      if (_keel_large_realloc(p, want) != NULL) {
+        if (zero && want > old) memset((char*)p + old, 0, want - old);
+        return p;
+      }
+    } else if (kind == KEEL_KIND_HUGE && tier == TIER_HUGE && align <= _keel_page_size) {
+      /* Pages added by mremap are fresh anonymous memory: zero without a memset. A small
+       * shrink keeps the mapping as it is (huge.c), so the block may stay bigger. */
+      void* q = _keel_huge_realloc(p, n);
+      if (q != NULL) return q;
+    }
+  }
+  void* q = _keel_alloc_any(zero ? want : n, align, zero, flag_via_cache(flags));
+  if (q == NULL) return NULL;
+  memcpy(q, p, old < want ? old : want);
+  free(p);
+  return q;
+}
+
+/* Resizes in place only: large blocks (whole units) grow into free units that follow them
+ * or shrink; small blocks keep their class, and huge blocks their mapping (Keel has no
+ * in-place-only remap). Returns the usable size afterwards, < size if it could not grow. */
+API size_t xallocx(void* p, size_t size, size_t extra, int flags) {
+  keel_ensure_init();
+  size_t old = block_usable(p, "xallocx");
+  if (KEEL_UNLIKELY(_keel_options.check) || keel_pagemap_get(p) != KEEL_KIND_LARGE) return old;
+  size_t align = flag_align(flags);
+  if (align > 16 && ((uintptr_t)p & (align - 1)) != 0) return old;
+  if (size == 0) size = 1;
+  if (size > KEEL_LARGE_MAX) return old;
+  size_t hi = size + extra < size ? SIZE_MAX : size + extra;
+  if (hi > KEEL_LARGE_MAX) hi = KEEL_LARGE_MAX;
+  if (hi <= KEEL_CLASS_MAX) return old; /* a large block cannot become a small one */
+  size_t hi_u = round_up(hi, KEEL_UNIT_SIZE);
+  size_t lo_u = round_up(size > KEEL_CLASS_MAX ? size : KEEL_CLASS_MAX + 1, KEEL_UNIT_SIZE);
+  size_t now = old;
+  if (hi_u > old) {
+    if (_keel_large_realloc(p, hi_u) != NULL) now = hi_u;
+    else if (lo_u > old && lo_u < hi_u && _keel_large_realloc(p, lo_u) != NULL) now = lo_u;
+  } else if (hi_u < old && _keel_large_realloc(p, hi_u) != NULL) {
+    now = hi_u;
+  }
+  if ((flags & JE_ZERO) && now > old) memset((char*)p + old, 0, now - old);
+  return now;
+}
+
+API size_t sallocx(const void* p, int flags) {
+  (void)flags;
+  keel_ensure_init();
+  return block_usable((void*)p, "sallocx");
+}
+
+API void dallocx(void* p, int flags) {
+  (void)flags;
+  if (p != NULL) release(p, "dallocx");
+}
+
+/* In the checked mode the size is verified: from the size the block was asked with up
+ * to the usable size Keel would give it (jemalloc's rule: the request up to nallocx). */
+API void sdallocx(void* p, size_t size, int flags) {
+  if (p == NULL) return;
+  if (KEEL_UNLIKELY(_keel_options.check)) {
+    size_t asked = _keel_checked_usable(p, "sdallocx");
+    int tier;
+    size_t most = plain_usable(asked, flag_align(flags), &tier);
+    if (size < asked || size > most) {
+      char detail[96];
+      keel_buf_t b = {detail, 0, sizeof detail};
+      _keel_buf_str(&b, ": size ");
+      _keel_buf_u64(&b, size);
+      _keel_buf_str(&b, " passed for a block allocated with ");
+      _keel_buf_u64(&b, asked);
+      _keel_misuse("sdallocx", "wrong size for pointer", p, detail, 0);
+    }
+    _keel_checked_free(p, "sdallocx");
+    return;
+  }
+  free(p);
+}
+
+API size_t nallocx(size_t n, int flags) {
+  keel_ensure_init();
+  size_t align = flag_align(flags);
+  if (KEEL_UNLIKELY(_keel_options.check)) { /* the checked mode's usable size is the request */
+    if (n == 0) n = 1;
+    return n > KEEL_MAX_ALLOC - JE_CHECKED_TAIL || align > JE_MAX_ALIGN ? 0 : n;
+  }
+  int tier;
+  return plain_usable(n, align, &tier);
+}
+
+/* ---- statistics snapshot --------------------------------------------------------------- */
+
+typedef struct je_snap_s {
+  uint64_t epoch; /* 0: none taken yet */
+  keel_stats_t s;
+  /* jemalloc's figures, derived once per snapshot: resident and mapped add the
+   * metadata Keel maps outside its chunks; dirty is the free units not yet purged
+   * (freed huge mappings kept for reuse are not included); small and large split
+   * `allocated` by tier (huge blocks count as large). */
+  uint64_t resident, mapped, dirty, small, large;
+  uint64_t tcache_bytes; /* free blocks held in thread caches */
+  uint64_t out[KEEL_NUM_CLASSES];      /* blocks out of slabs (live or cached), per class */
+  uint64_t batched[KEEL_NUM_CLASSES];  /* of those, blocks in transfer batches */
+  uint64_t slabs[KEEL_NUM_CLASSES];
+} je_snap_t;
+
+static je_snap_t snap;
+static uint32_t snap_busy; /* spin lock: held only while copying into or out of `snap` */
+
+static void snap_collect(je_snap_t* o) {
+  keel_ensure_init();
+  _keel_stats_collect(&o->s);
+  uint64_t meta = _keel_meta_bytes();
+  o->resident = o->s.committed + meta;
+  o->mapped = o->s.mapped + meta;
+  o->dirty = _keel_pageheap_dirty_bytes();
+  o->large = _keel_large_live_bytes() + o->s.huge_allocated;
+  o->small = o->s.allocated > o->large ? o->s.allocated - o->large : 0;
+  uint64_t cached[KEEL_NUM_CLASSES] = {0};
+  _keel_tcache_class_counts(cached);
+  o->tcache_bytes = 0;
+  o->out[0] = o->batched[0] = o->slabs[0] = 0;
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
+    o->tcache_bytes += cached[cls] * _keel_classes[cls].size;
+    keel_central_t* cl = &_keel_central[cls];
+    keel_lock(&cl->lock);
+    o->out[cls] = cl->out;
+    o->batched[cls] = (uint64_t)cl->nbatches * _keel_classes[cls].batch;
+    o->slabs[cls] = cl->slabs;
+    keel_unlock(&cl->lock);
+  }
+}
+
+/* Bounded: false after about a millisecond of trying (a lock left held across fork). */
+static bool snap_lock(void) {
+  for (unsigned i = 0; i < 2000; i++) {
+    uint32_t free_ = 0;
+    if (__atomic_compare_exchange_n(&snap_busy, &free_, 1, false, __ATOMIC_ACQUIRE,
+                                    __ATOMIC_RELAXED))
+      return true;
+    if (i < 100) keel_cpu_relax();
+    else _keel_prim_yield();
+  }
+  return false;
+}
+static void snap_unlock(void) { __atomic_store_n(&snap_busy, 0, __ATOMIC_RELEASE); }
+
+/* Takes a new snapshot (unless `initial` and one exists already); returns its epoch. */
+static uint64_t snap_refresh(bool initial) {
+  je_snap_t f;
+  snap_collect(&f);
+  if (!snap_lock()) return __atomic_load_n(&snap.epoch, __ATOMIC_RELAXED) + 1;
+  if (!(initial && snap.epoch != 0)) {
+    /* jemalloc takes its first snapshot (epoch 1) at start-up: the first write reads 2. */
+    f.epoch = initial ? 1 : (snap.epoch ? snap.epoch : 1) + 1;
+    snap = f;
+  }
+  uint64_t e = snap.epoch;
+  snap_unlock();
+  return e;
+}
+
+/* Copies the current snapshot (taking the first one if needed), or fresh figures. */
+static void snap_copy(je_snap_t* out) {
+  for (int tries = 0; tries < 2; tries++) {
+    if (!snap_lock()) break;
+    if (snap.epoch != 0) {
+      *out = snap;
+      snap_unlock();
+      return;
+    }
+    snap_unlock();
+    snap_refresh(true);
+  }
+  snap_collect(out);
+}
+
+static uint64_t snap_u64(size_t off) {
+  uint64_t v;
+  for (int tries = 0; tries < 2; tries++) {
+    if (!snap_lock()) break;
+    if (snap.epoch != 0) {
+      memcpy(&v, (const char*)&snap + off, sizeof v);
+      snap_unlock();
+      return v;
+    }
+    snap_unlock();
+    snap_refresh(true);
+  }
+  je_snap_t f;
+  snap_collect(&f);
+  memcpy(&v, (const char*)&f + off, sizeof v);
+  return v;
+}
+
+#define SNAP(field) snap_u64(offsetof(je_snap_t, field))
+#define SNAP_CLS(arr, cls) snap_u64(offsetof(je_snap_t, arr) + (size_t)(cls) * sizeof(uint64_t))
+
+static uint64_t f_curregs(const je_snap_t* x, unsigned cls) {
+  return x->out[cls] > x->batched[cls] ? x->out[cls] - x->batched[cls] : 0;
+}
+
+/* ---- settings mallctl can change -------------------------------------------------------- */
+
+static int bg_thread = -1; /* "background_thread" as last written; -1: Keel's setting */
+static _Thread_local bool tcache_off; /* "thread.tcache.enabled" written false */
+static int64_t opt_dirty_ms = INT64_MIN;      /* purge delay at start-up, once changed */
+static int64_t arenas_dirty_ms = INT64_MIN;   /* default for new arenas (Keel makes none) */
+static int64_t arenas_muzzy_ms = 0;
+static uint64_t tcache_ids[(JE_TCACHE_IDS + 63) / 64]; /* explicit cache ids in use */
+
+static int64_t purge_delay_ms(void) {
+  uint64_t d = __atomic_load_n(&_keel_options.purge_delay_ms, __ATOMIC_RELAXED);
+  return d > (uint64_t)INT64_MAX ? -1 : (int64_t)d; /* "never" reads as jemalloc's -1 */
+}
+
+/* ---- mallctl: values ------------------------------------------------------------------ */
+
+enum { V_NONE, V_BOOL, V_UNSIGNED, V_SIZE, V_SSIZE, V_U64, V_I64, V_STR };
+
+typedef struct val_s {
+  uint64_t n; /* integers and bools (signed ones as two's complement) */
+  const char* s;
+} val_t;
+
+static size_t val_size(int t) {
+  switch (t) {
+    case V_BOOL: return sizeof(bool);
+    case V_UNSIGNED: return sizeof(unsigned);
+    case V_STR: return sizeof(const char*);
+    default: return sizeof(uint64_t);
+  }
+}
+
+static void val_encode(int t, const val_t* v, unsigned char* out) {
+  if (t == V_BOOL) {
+    bool b = v->n != 0;
+    memcpy(out, &b, sizeof b);
+  } else if (t == V_UNSIGNED) {
+    unsigned u = (unsigned)v->n;
+    memcpy(out, &u, sizeof u);
+  } else if (t == V_STR) {
+    memcpy(out, &v->s, sizeof v->s);
+  } else {
+    memcpy(out, &v->n, sizeof v->n);
+  }
+}
+
+static void val_decode(int t, const void* in, val_t* v) {
+  v->n = 0;
+  v->s = NULL;
+  if (t == V_BOOL) {
+    bool b;
+    memcpy(&b, in, sizeof b);
+    v->n = b;
+  } else if (t == V_UNSIGNED) {
+    unsigned u;
+    memcpy(&u, in, sizeof u);
+    v->n = u;
+  } else if (t == V_STR) {
+    memcpy(&v->s, in, sizeof v->s);
+  } else {
+    memcpy(&v->n, in, sizeof v->n);
+  }
+}
+
+/* jemalloc's read rule: a wrong *oldlenp copies what fits, reports it, and fails. */
+static int ctl_read(int t, const val_t* v, void* oldp, size_t* oldlenp) {
+  if (oldp == NULL || oldlenp == NULL) return 0;
+  unsigned char buf[8];
+  size_t n = val_size(t);
+  val_encode(t, v, buf);
+  if (*oldlenp != n) {
+    size_t c = *oldlenp < n ? *oldlenp : n;
+    memcpy(oldp, buf, c);
+    *oldlenp = c;
+    return EINVAL;
+  }
+  memcpy(oldp, buf, n);
+  return 0;
+}
+
+/* ---- mallctl: the tree ------------------------------------------------------------------ */
+
+typedef int (*ctl_get_t)(const size_t* mib, val_t* out);
+typedef int (*ctl_set_t)(const size_t* mib, const val_t* in);
+typedef int (*ctl_act_t)(const size_t* mib);
+/* Leaves with their own protocol get mallctl's arguments as they are. */
+#define RAW_ARGS const size_t* mib, void* oldp, size_t* oldlenp, void* newp, size_t newlen
+typedef int (*ctl_raw_t)(RAW_ARGS);
+typedef bool (*ctl_index_t)(uint64_t i);
+
+typedef struct ctl_node_s {
+  const char* name;               /* NULL: stands for an integer that index_ok accepts */
+  const struct ctl_node_s* kids;  /* interior nodes: children (one unnamed = indexed) */
+  unsigned nkids;
+  int type;                       /* V_*: leaves with get (and set) */
+  ctl_get_t get;                  /* value leaves: read (r-) */
+  ctl_set_t set;                  /* and write (rw) */
+  ctl_act_t act;                  /* void leaves (--): an action */
+  ctl_raw_t raw;                  /* leaves with their own protocol */
+  ctl_index_t index_ok;
+} ctl_node_t;
+
+#define N_RO(nm, t, g) {nm, NULL, 0, t, g, NULL, NULL, NULL, NULL}
+#define N_RW(nm, t, g, s) {nm, NULL, 0, t, g, s, NULL, NULL, NULL}
+#define N_ACT(nm, a) {nm, NULL, 0, V_NONE, NULL, NULL, a, NULL, NULL}
+#define N_RAW(nm, r) {nm, NULL, 0, V_NONE, NULL, NULL, NULL, r, NULL}
+#define N_COUNT(k) ((unsigned)(sizeof(k) / sizeof((k)[0])))
+#define N_DIR(nm, k) {nm, k, N_COUNT(k), V_NONE, NULL, NULL, NULL, NULL, NULL}
+#define N_IDX(k, ok) {NULL, k, N_COUNT(k), V_NONE, NULL, NULL, NULL, NULL, ok}
+
+#define GETN(fn, expr)                               \
+  static int fn(const size_t* mib, val_t* v) {      \
+    (void)mib;                                       \
+    v->n = (uint64_t)(expr);                         \
+    return 0;                                        \
+  }
+#define GETS(fn, expr)                               \
+  static int fn(const size_t* mib, val_t* v) {      \
+    (void)mib;                                       \
+    v->s = (expr);                                   \
+    return 0;                                        \
+  }
+
+/* Indices. arena.<i>: Keel's one arena, narenas (jemalloc's deprecated "all"),
+ * MALLCTL_ARENAS_ALL and _DESTROYED. stats.arenas.<i>: the same but destroyed (none). */
+static bool idx_arena(uint64_t i) {
+  return i <= JE_NARENAS || i == JE_ARENAS_ALL || i == JE_ARENAS_DESTROYED;
+}
+static bool idx_stats_arena(uint64_t i) { return i <= JE_NARENAS || i == JE_ARENAS_ALL; }
+static bool idx_bin(uint64_t i) { return i < KEEL_NUM_CLASSES - 1; }
+static bool idx_lextent(uint64_t i) { return i < JE_NLEXTENTS; }
+
+/* -- root, config, opt -- */
+GETS(g_version, JE_VERSION)
+
+static int r_epoch(RAW_ARGS) {
+  (void)mib;
+  val_t v = {0, NULL};
+  if (newp != NULL) {
+    if (newlen != sizeof(uint64_t)) return EINVAL;
+    v.n = snap_refresh(false);
+  } else {
+    v.n = SNAP(epoch);
+  }
+  return ctl_read(V_U64, &v, oldp, oldlenp);
+}
+
+static bool bg_enabled(void) {
+  int b = __atomic_load_n(&bg_thread, __ATOMIC_RELAXED);
+  return b < 0 ? _keel_options.background_purge : b != 0;
+}
+GETN(g_bg, bg_enabled())
+/* Recorded only: Keel's purger thread runs or not by KEEL_BACKGROUND_PURGE (and without
+ * it, frees purge as they go), so memory is returned either way. */
+static int s_bg(const size_t* mib, const val_t* v) {
+  (void)mib;
+  __atomic_store_n(&bg_thread, v->n ? 1 : 0, __ATOMIC_RELAXED);
+  return 0;
+}
+GETN(g_one, 1)
+GETN(g_zero, 0)
+GETN(g_false, false)
+GETN(g_true, true)
+GETN(g_debug, KEEL_DEBUG >= 1)
+GETS(g_empty, "")
+GETS(g_disabled, "disabled")
+static int s_max_bg(const size_t* mib, const val_t* v) {
+  (void)mib;
+  return v->n == 0 ? EINVAL : 0; /* Keel has one purger thread at most */
+}
+
+static const ctl_node_t config_kids[] = {
+    N_RO("cache_oblivious", V_BOOL, g_false), N_RO("debug", V_BOOL, g_debug),
+    N_RO("fill", V_BOOL, g_false),            N_RO("lazy_lock", V_BOOL, g_false),
+    N_RO("malloc_conf", V_STR, g_empty),      N_RO("opt_safety_checks", V_BOOL, g_false),
+    N_RO("prof", V_BOOL, g_false),            N_RO("prof_libgcc", V_BOOL, g_false),
+    N_RO("prof_libunwind", V_BOOL, g_false),  N_RO("stats", V_BOOL, g_true),
+    N_RO("utrace", V_BOOL, g_false),          N_RO("xmalloc", V_BOOL, g_false),
+};
+
+GETN(g_opt_bg, _keel_options.background_purge)
+static int64_t load_i64(const int64_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+static int g_opt_dirty(const size_t* mib, val_t* v) {
+  (void)mib;
+  int64_t ms = load_i64(&opt_dirty_ms);
+  v->n = (uint64_t)(ms != INT64_MIN ? ms : purge_delay_ms());
+  return 0;
+}
+GETN(g_oversize, KEEL_LARGE_MAX) /* larger blocks get their own mapping */
+GETN(g_stats_print, _keel_options.stats_at_exit)
+GETN(g_minus_one, -1)
+GETS(g_junk, _keel_options.check ? "true" : "false") /* the checked mode fills and poisons */
+GETN(g_opt_tcache, !_keel_options.check)
+GETN(g_tcache_max, _keel_options.check ? 0 : KEEL_CLASS_MAX) /* every class is cached */
+GETS(g_default, "default")
+GETS(g_free, "free") /* realloc(p, 0) frees, as glibc's */
+
+static const ctl_node_t opt_kids[] = {
+    N_RO("abort", V_BOOL, g_false),
+    N_RO("abort_conf", V_BOOL, g_false),
+    N_RO("cache_oblivious", V_BOOL, g_false),
+    N_RO("confirm_conf", V_BOOL, g_false),
+    N_RO("retain", V_BOOL, g_true), /* purged units stay reserved inside their chunk */
+    N_RO("dss", V_STR, g_disabled),
+    N_RO("narenas", V_UNSIGNED, g_one),
+    N_RO("percpu_arena", V_STR, g_disabled),
+    N_RO("oversize_threshold", V_SIZE, g_oversize),
+    N_RO("hpa", V_BOOL, g_false),
+    N_RO("metadata_thp", V_STR, g_disabled),
+    N_RO("trust_madvise", V_BOOL, g_false),
+    N_RO("background_thread", V_BOOL, g_opt_bg),
+    N_RO("max_background_threads", V_SIZE, g_one),
+    N_RO("dirty_decay_ms", V_SSIZE, g_opt_dirty),
+    N_RO("muzzy_decay_ms", V_SSIZE, g_zero),
+    N_RO("junk", V_STR, g_junk),
+    N_RO("zero", V_BOOL, g_false),
+    N_RO("experimental_infallible_new", V_BOOL, g_false),
+    N_RO("tcache", V_BOOL, g_opt_tcache),
+    N_RO("tcache_max", V_SIZE, g_tcache_max),
+    N_RO("thp", V_STR, g_default),
+    N_RO("stats_print", V_BOOL, g_stats_print),
+    N_RO("stats_print_opts", V_STR, g_empty),
+    N_RO("stats_interval", V_I64, g_minus_one),
+    N_RO("stats_interval_opts", V_STR, g_empty),
+    N_RO("zero_realloc", V_STR, g_free),
+};
+
+/* -- thread -- */
+GETN(g_tc_enabled, !_keel_options.check && !tcache_off)
+/* Disabling flushes the cache (as jemalloc does) and is recorded; Keel's fast paths keep
+ * using a thread cache, which refills on demand. */
+static int s_tc_enabled(const size_t* mib, const val_t* v) {
+  (void)mib;
+  if (!v->n) keel_thread_flush();
+  tcache_off = !v->n;
+  return 0;
+}
+static int a_flush(const size_t* mib) {
+  (void)mib;
+  keel_thread_flush();
+  return 0;
+}
+static int s_thread_arena(const size_t* mib, const val_t* v) {
+  (void)mib;
+  return v->n < JE_NARENAS ? 0 : EFAULT;
+}
+
+static const ctl_node_t thread_tcache_kids[] = {
+    N_RW("enabled", V_BOOL, g_tc_enabled, s_tc_enabled),
+    N_ACT("flush", a_flush),
+};
+static const ctl_node_t thread_kids[] = {
+    N_RW("arena", V_UNSIGNED, g_zero, s_thread_arena),
+    N_DIR("tcache", thread_tcache_kids),
+    N_ACT("idle", a_flush),
+};
+
+/* -- tcache: explicit caches are ids; blocks still go through the thread's own cache -- */
+static int r_tcache_create(RAW_ARGS) {
+  (void)mib;
+  if (newp != NULL || newlen != 0) return EPERM;
+  if (oldp == NULL || oldlenp == NULL || *oldlenp != sizeof(unsigned)) {
+    if (oldlenp != NULL) *oldlenp = 0;
+    return EINVAL;
+  }
+  for (unsigned id = 0; id < JE_TCACHE_IDS; id++) {
+    uint64_t bit = (uint64_t)1 << (id % 64);
+    uint64_t was = __atomic_fetch_or(&tcache_ids[id / 64], bit, __ATOMIC_RELAXED);
+    if (!(was & bit)) {
+      memcpy(oldp, &id, sizeof id);
+      return 0;
+    }
+  }
+  return EFAULT;
+}
+static int tcache_write(void* oldp, size_t* oldlenp, void* newp, size_t newlen, bool destroy) {
+  if (oldp != NULL || oldlenp != NULL) return EPERM;
+  if (newp == NULL) return EFAULT;
+  if (newlen != sizeof(unsigned)) return EINVAL;
+  unsigned id;
+  memcpy(&id, newp, sizeof id);
+  if (id >= JE_TCACHE_IDS) return EFAULT;
+  keel_thread_flush();
+  if (destroy)
+    __atomic_fetch_and(&tcache_ids[id / 64], ~((uint64_t)1 << (id % 64)), __ATOMIC_RELAXED);
+  return 0;
+}
+static int r_tcache_flush(RAW_ARGS) {
+  (void)mib;
+  return tcache_write(oldp, oldlenp, newp, newlen, false);
+}
+static int r_tcache_destroy(RAW_ARGS) {
+  (void)mib;
+  return tcache_write(oldp, oldlenp, newp, newlen, true);
+}
+static const ctl_node_t tcache_kids[] = {
+    N_RAW("create", r_tcache_create),
+    N_RAW("flush", r_tcache_flush),
+    N_RAW("destroy", r_tcache_destroy),
+};
+
+/* -- arena.<i> (mib[1] = i) -- */
+static int a_purge(const size_t* mib) {
+  if (mib[1] != JE_ARENAS_DESTROYED) keel_purge(); /* flushes this thread's cache too */
+  return 0;
+}
+/* Decay: return what the purge delay allows now, as the background purger would. */
+static int a_decay(const size_t* mib) {
+  if (mib[1] != JE_ARENAS_DESTROYED) {
+    _keel_pageheap_maybe_purge();
+    _keel_huge_purge(false);
+  }
+  return 0;
+}
+static int a_efault(const size_t* mib) {
+  (void)mib;
+  return EFAULT; /* reset/destroy: only for arenas made by arenas.create, which Keel has not */
+}
+static int g_initialized(const size_t* mib, val_t* v) {
+  v->n = mib[1] != JE_ARENAS_DESTROYED;
+  return 0;
+}
+static int r_arena_dss(RAW_ARGS) {
+  (void)mib;
+  if (newp != NULL) {
+    if (newlen != sizeof(const char*)) return EINVAL;
+    const char* s;
+    memcpy(&s, newp, sizeof s);
+    if (s == NULL) return EINVAL;
+    if (strcmp(s, "primary") == 0 || strcmp(s, "secondary") == 0) return EFAULT; /* no sbrk */
+    if (strcmp(s, "disabled") != 0) return EINVAL;
+  }
+  val_t v = {0, "disabled"};
+  return ctl_read(V_STR, &v, oldp, oldlenp);
+}
+GETN(g_dirty_ms, purge_delay_ms())
+/* Setting the decay time purges what is dirty now (jemalloc: "considered fully decayed")
+ * and makes it Keel's purge delay from then on; -1 never purges. */
+static int s_dirty_ms(const size_t* mib, const val_t* v) {
+  int64_t ms = (int64_t)v->n;
+  if (ms < -1) return EFAULT;
+  if (__atomic_load_n(&opt_dirty_ms, __ATOMIC_RELAXED) == INT64_MIN)
+    __atomic_store_n(&opt_dirty_ms, purge_delay_ms(), __ATOMIC_RELAXED);
+  __atomic_store_n(&_keel_options.purge_delay_ms, ms < 0 ? UINT64_MAX : (uint64_t)ms,
+                   __ATOMIC_RELAXED);
+  if (mib[1] != JE_ARENAS_DESTROYED && ms >= 0) keel_purge();
+  return 0;
+}
+static int s_muzzy_ms(const size_t* mib, const val_t* v) {
+  (void)mib;
+  return (int64_t)v->n < -1 ? EFAULT : 0; /* Keel has no muzzy state: purged is purged */
+}
+static const ctl_node_t arena_i_kids[] = {
+    N_RO("initialized", V_BOOL, g_initialized),
+    N_ACT("decay", a_decay),
+    N_ACT("purge", a_purge),
+    N_ACT("reset", a_efault),
+    N_ACT("destroy", a_efault),
+    N_RAW("dss", r_arena_dss),
+    N_RW("dirty_decay_ms", V_SSIZE, g_dirty_ms, s_dirty_ms),
+    N_RW("muzzy_decay_ms", V_SSIZE, g_zero, s_muzzy_ms),
+};
+static const ctl_node_t arena_idx[] = {N_IDX(arena_i_kids, idx_arena)};
+
+/* -- arenas -- */
+static int g_arenas_dirty(const size_t* mib, val_t* v) {
+  int64_t ms = load_i64(&arenas_dirty_ms);
+  return ms != INT64_MIN ? (v->n = (uint64_t)ms, 0) : g_opt_dirty(mib, v);
+}
+static int s_arenas_dirty(const size_t* mib, const val_t* v) {
+  (void)mib;
+  if ((int64_t)v->n < -1) return EFAULT;
+  __atomic_store_n(&arenas_dirty_ms, (int64_t)v->n, __ATOMIC_RELAXED);
+  return 0;
+}
+GETN(g_arenas_muzzy, load_i64(&arenas_muzzy_ms))
+static int s_arenas_muzzy(const size_t* mib, const val_t* v) {
+  (void)mib;
+  if ((int64_t)v->n < -1) return EFAULT;
+  __atomic_store_n(&arenas_muzzy_ms, (int64_t)v->n, __ATOMIC_RELAXED);
+  return 0;
+}
+GETN(g_quantum, 16)
+GETN(g_page, _keel_page_size)
+GETN(g_nbins, KEEL_NUM_CLASSES - 1)
+GETN(g_nhbins, _keel_options.check ? 0 : KEEL_NUM_CLASSES - 1)
+GETN(g_nlextents, JE_NLEXTENTS)
+/* arenas.bin.<i>: mib[2] = i, Keel's class i + 1. */
+static int g_bin_size(const size_t* mib, val_t* v) {
+  v->n = _keel_classes[mib[2] + 1].size;
+  return 0;
+}
+static int g_bin_nregs(const size_t* mib, val_t* v) {
+  v->n = _keel_classes[mib[2] + 1].count;
+  return 0;
+}
+static int g_bin_slab(const size_t* mib, val_t* v) {
+  v->n = (uint64_t)_keel_classes[mib[2] + 1].units * KEEL_UNIT_SIZE;
+  return 0;
+}
+static int g_lextent_size(const size_t* mib, val_t* v) {
+  v->n = JE_LARGE_MIN + (uint64_t)mib[2] * KEEL_UNIT_SIZE;
+  return 0;
+}
+static int r_arenas_create(RAW_ARGS) {
+  (void)mib;
+  if (oldp == NULL || oldlenp == NULL || *oldlenp != sizeof(unsigned)) {
+    if (oldlenp != NULL) *oldlenp = 0;
+    return EINVAL;
+  }
+  if (newp != NULL && newlen != sizeof(void*)) return EINVAL;
+  return EFAULT; /* Keel has one heap: no arenas (and no extent hooks) to create */
+}
+static int r_arenas_lookup(RAW_ARGS) {
+  (void)mib;
+  const void* p = NULL;
+  if (newp != NULL) {
+    if (newlen != sizeof(void*)) return EINVAL;
+    memcpy(&p, newp, sizeof p);
+  }
+  if (p == NULL) return EINVAL;
+  uint8_t kind = keel_pagemap_get(p); /* a slab unit, or the first unit of a block */
+  if (kind == KEEL_KIND_NONE || kind == KEEL_KIND_FREED) return EINVAL;
+  val_t v = {0, NULL};
+  return ctl_read(V_UNSIGNED, &v, oldp, oldlenp);
+}
+static const ctl_node_t arenas_bin_i_kids[] = {
+    N_RO("size", V_SIZE, g_bin_size),
+    N_RO("nregs", V_UNSIGNED, g_bin_nregs),
+    N_RO("slab_size", V_SIZE, g_bin_slab),
+};
+static const ctl_node_t arenas_bin_idx[] = {N_IDX(arenas_bin_i_kids, idx_bin)};
+static const ctl_node_t arenas_lextent_i_kids[] = {N_RO("size", V_SIZE, g_lextent_size)};
+static const ctl_node_t arenas_lextent_idx[] = {N_IDX(arenas_lextent_i_kids, idx_lextent)};
+static const ctl_node_t arenas_kids[] = {
+    N_RO("narenas", V_UNSIGNED, g_one),
+    N_RW("dirty_decay_ms", V_SSIZE, g_arenas_dirty, s_arenas_dirty),
+    N_RW("muzzy_decay_ms", V_SSIZE, g_arenas_muzzy, s_arenas_muzzy),
+    N_RO("quantum", V_SIZE, g_quantum),
+    N_RO("page", V_SIZE, g_page),
+    N_RO("tcache_max", V_SIZE, g_tcache_max),
+    N_RO("nbins", V_UNSIGNED, g_nbins),
+    N_RO("nhbins", V_UNSIGNED, g_nhbins),
+    N_DIR("bin", arenas_bin_idx),
+    N_RO("nlextents", V_UNSIGNED, g_nlextents),
+    N_DIR("lextent", arenas_lextent_idx),
+    N_RAW("create", r_arenas_create),
+    N_RAW("lookup", r_arenas_lookup),
+};
+
+/* -- stats -- */
+static uint64_t page_count(uint64_t bytes) { return bytes / _keel_page_size; }
+GETN(g_allocated, SNAP(s.allocated))
+GETN(g_active, SNAP(s.active))
+GETN(g_metadata, SNAP(s.metadata))
+GETN(g_resident, SNAP(resident))
+GETN(g_mapped, SNAP(mapped))
+GETN(g_retained, SNAP(s.retained))
+GETN(g_bg_threads, bg_enabled() && _keel_options.background_purge ? 1 : 0)
+GETN(g_purge_runs, SNAP(s.purge_runs))
+GETN(g_nthreads, SNAP(s.threads))
+GETS(g_dss_na, "disabled")
+GETN(g_pactive, page_count(SNAP(s.active)))
+GETN(g_pdirty, page_count(SNAP(dirty)))
+GETN(g_purged_pages, page_count(SNAP(s.purged_bytes)))
+GETN(g_tcache_bytes, SNAP(tcache_bytes))
+GETN(g_small_alloc, SNAP(small))
+GETN(g_large_alloc, SNAP(large))
+/* stats.arenas.<i>.bins.<j>: mib[4] = j. Blocks in thread caches count as allocated
+ * (as jemalloc's curregs counts regions its thread caches hold). */
+static int g_curregs(const size_t* mib, val_t* v) {
+  unsigned cls = (unsigned)mib[4] + 1;
+  uint64_t out = SNAP_CLS(out, cls), batched = SNAP_CLS(batched, cls);
+  v->n = out > batched ? out - batched : 0;
+  return 0;
+}
+static int g_curslabs(const size_t* mib, val_t* v) {
+  v->n = SNAP_CLS(slabs, (unsigned)mib[4] + 1);
+  return 0;
+}
+
+static const ctl_node_t stats_bg_kids[] = {
+    N_RO("num_threads", V_SIZE, g_bg_threads),
+    N_RO("num_runs", V_U64, g_purge_runs),
+};
+static const ctl_node_t stats_arenas_small_kids[] = {N_RO("allocated", V_SIZE, g_small_alloc)};
+static const ctl_node_t stats_arenas_large_kids[] = {N_RO("allocated", V_SIZE, g_large_alloc)};
+static const ctl_node_t stats_arenas_bins_j_kids[] = {
+    N_RO("curregs", V_SIZE, g_curregs),
+    N_RO("curslabs", V_SIZE, g_curslabs),
+};
+static const ctl_node_t stats_arenas_bins_idx[] = {N_IDX(stats_arenas_bins_j_kids, idx_bin)};
+static const ctl_node_t stats_arenas_i_kids[] = {
+    N_RO("nthreads", V_UNSIGNED, g_nthreads),
+    N_RO("dss", V_STR, g_dss_na),
+    N_RO("dirty_decay_ms", V_SSIZE, g_dirty_ms),
+    N_RO("muzzy_decay_ms", V_SSIZE, g_zero),
+    N_RO("pactive", V_SIZE, g_pactive),
+    N_RO("pdirty", V_SIZE, g_pdirty),
+    N_RO("pmuzzy", V_SIZE, g_zero),
+    N_RO("mapped", V_SIZE, g_mapped),
+    N_RO("retained", V_SIZE, g_retained),
+    N_RO("base", V_SIZE, g_metadata),
+    N_RO("internal", V_SIZE, g_zero),
+    N_RO("metadata_thp", V_SIZE, g_zero),
+    N_RO("tcache_bytes", V_SIZE, g_tcache_bytes),
+    N_RO("resident", V_SIZE, g_resident),
+    N_RO("dirty_npurge", V_U64, g_purge_runs),
+    N_RO("dirty_nmadvise", V_U64, g_purge_runs),
+    N_RO("dirty_purged", V_U64, g_purged_pages),
+    N_RO("muzzy_npurge", V_U64, g_zero),
+    N_RO("muzzy_nmadvise", V_U64, g_zero),
+    N_RO("muzzy_purged", V_U64, g_zero),
+    N_DIR("small", stats_arenas_small_kids),
+    N_DIR("large", stats_arenas_large_kids),
+    N_DIR("bins", stats_arenas_bins_idx),
+};
+static const ctl_node_t stats_arenas_idx[] = {N_IDX(stats_arenas_i_kids, idx_stats_arena)};
+static const ctl_node_t stats_kids[] = {
+    N_RO("allocated", V_SIZE, g_allocated),
+    N_RO("active", V_SIZE, g_active),
+    N_RO("metadata", V_SIZE, g_metadata),
+    N_RO("metadata_thp", V_SIZE, g_zero),
+    N_RO("resident", V_SIZE, g_resident),
+    N_RO("mapped", V_SIZE, g_mapped),
+    N_RO("retained", V_SIZE, g_retained),
+    N_DIR("background_thread", stats_bg_kids),
+    N_DIR("arenas", stats_arenas_idx),
+};
+
+static const ctl_node_t root_kids[] = {
+    N_RO("version", V_STR, g_version),
+    N_RAW("epoch", r_epoch),
+    N_RW("background_thread", V_BOOL, g_bg, s_bg),
+    N_RW("max_background_threads", V_SIZE, g_one, s_max_bg),
+    N_DIR("thread", thread_kids),
+    N_DIR("config", config_kids),
+    N_DIR("opt", opt_kids),
+    N_DIR("tcache", tcache_kids),
+    N_DIR("arena", arena_idx),
+    N_DIR("arenas", arenas_kids),
+    N_DIR("stats", stats_kids),
+};
+static const ctl_node_t ctl_root = N_DIR("", root_kids);
+
+#define CTL_MAX_DEPTH 8
+
+/* Walks `name` through the tree, filling mib with at most *depth components; sets
+ * *depth to the number used and *rest to what is left of the name. NULL: no such name. */
+static const ctl_node_t* ctl_lookup(const char* name, size_t* mib, size_t* depth,
+                                    const char** rest) {
+  const ctl_node_t* nd = &ctl_root;
+  size_t i = 0, max = *depth;
+  const char* s = name;
+  while (i < max) {
+    const char* e = s;
+    while (*e != 0 && *e != '.') e++;
+    size_t len = (size_t)(e - s);
+    if (len == 0 || nd->kids == NULL) return NULL; /* empty component, or past a leaf */
+    if (nd->kids[0].name == NULL) {
+      uint64_t v = 0;
+      for (const char* c = s; c < e; c++) {
+        if (*c < '0' || *c > '9' || v > (UINT64_MAX - 9) / 10) return NULL;
+        v = v * 10 + (uint64_t)(*c - '0');
+      }
+      if (!nd->kids[0].index_ok(v)) return NULL;
+      mib[i] = (size_t)v;
+      nd = &nd->kids[0];
+    } else {
+      const ctl_node_t* next = NULL;
+      for (unsigned k = 0; k < nd->nkids; k++)
+        if (strncmp(nd->kids[k].name, s, len) == 0 && nd->kids[k].name[len] == 0) {
+          next = &nd->kids[k];
+          mib[i] = k;
+          break;
+        }
+      if (next == NULL) return NULL;
+      nd = next;
+    }
+    i++;
+    s = *e ? e + 1 : e;
+    if (*e == 0) break;
+  }
+  *depth = i;
+  *rest = s;
+  return nd;
+}
+
+static int ctl_call(const ctl_node_t* nd, const size_t* mib, void* oldp, size_t* oldlenp,
+                    void* newp, size_t newlen) {
+  if (nd->kids != NULL) return ENOENT; /* an interior node names no value */
+  if (nd->raw) return nd->raw(mib, oldp, oldlenp, newp, newlen);
+  if (nd->act) {
+    if (oldp != NULL || oldlenp != NULL || newp != NULL || newlen != 0) return EPERM;
+    return nd->act(mib);
+  }
+  if (nd->set == NULL && (newp != NULL || newlen != 0)) return EPERM;
+  val_t old = {0, NULL};
+  int r = nd->get(mib, &old);
+  if (r != 0) return r;
+  if (newp != NULL) {
+    if (newlen != val_size(nd->type)) return EINVAL;
+    val_t nv;
+    val_decode(nd->type, newp, &nv);
+    r = nd->set(mib, &nv);
+    if (r != 0) return r;
+  }
+  return ctl_read(nd->type, &old, oldp, oldlenp);
+}
+
+API int mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t newlen) {
+  if (name == NULL) return ENOENT;
+  keel_ensure_init();
+  size_t mib[CTL_MAX_DEPTH], depth = CTL_MAX_DEPTH;
+  const char* rest;
+  const ctl_node_t* nd = ctl_lookup(name, mib, &depth, &rest);
+  if (nd == NULL || *rest != 0) return ENOENT;
+  return ctl_call(nd, mib, oldp, oldlenp, newp, newlen);
+}
+
+API int mallctlnametomib(const char* name, size_t* mibp, size_t* miblenp) {
+  if (name == NULL || mibp == NULL || miblenp == NULL) return EINVAL;
+  keel_ensure_init();
+  size_t mib[CTL_MAX_DEPTH], depth = *miblenp < CTL_MAX_DEPTH ? *miblenp : CTL_MAX_DEPTH;
+  const char* rest;
+  if (ctl_lookup(name, mib, &depth, &rest) == NULL) return ENOENT;
+  if (*rest != 0 && depth < *miblenp) return ENOENT; /* deeper than any name */
+  memcpy(mibp, mib, depth * sizeof(size_t));
+  *miblenp = depth;
+  return 0;
+}
+
+API int mallctlbymib(const size_t* mib, size_t miblen, void* oldp, size_t* oldlenp, void* newp,
+                     size_t newlen) {
+  if (mib == NULL || miblen == 0 || miblen > CTL_MAX_DEPTH) return ENOENT;
+  keel_ensure_init();
+  const ctl_node_t* nd = &ctl_root;
+  for (size_t i = 0; i < miblen; i++) {
+    if (nd->kids == NULL) return ENOENT;
+    if (nd->kids[0].name == NULL) {
+      if (!nd->kids[0].index_ok(mib[i])) return ENOENT;
+      nd = &nd->kids[0];
+    } else {
+      if (mib[i] >= nd->nkids) return ENOENT;
+      nd = &nd->kids[mib[i]];
+    }
+  }
+  return ctl_call(nd, mib, oldp, oldlenp, newp, newlen);
+}
+
+/* ---- malloc_stats_print ----------------------------------------------------------------- */
+
+/* Output goes through a stack buffer, handed to the callback in pieces: no allocation,
+ * and no Keel lock is held while the callback runs (it may well call malloc). */
+typedef struct out_s {
+  void (*cb)(void*, const char*);
+  void* opaque;
+  size_t len;
+  char buf[4096];
+} out_t;
+
+static void out_flush(out_t* o) {
+  if (o->len == 0) return;
+  o->buf[o->len] = 0;
+  if (o->cb) o->cb(o->opaque, o->buf);
+  else _keel_prim_write(2, o->buf, o->len);
+  o->len = 0;
+}
+static void out_s(out_t* o, const char* s) {
+  while (*s) {
+    if (o->len + 1 >= sizeof o->buf) out_flush(o);
+    o->buf[o->len++] = *s++;
+  }
+}
+static void fmt_u(char* tmp, uint64_t v) { /* tmp: 24 bytes */
+  keel_buf_t b = {tmp, 0, 24};
+  _keel_buf_u64(&b, v);
+}
+static void out_u(out_t* o, uint64_t v) {
+  char tmp[24];
+  fmt_u(tmp, v);
+  out_s(o, tmp);
+}
+static void out_i(out_t* o, int64_t v) {
+  if (v < 0) {
+    out_s(o, "-");
+    out_u(o, (uint64_t)0 - (uint64_t)v);
+  } else {
+    out_u(o, (uint64_t)v);
+  }
+}
+static void out_rpad(out_t* o, const char* s, size_t width) { /* right-aligned */
+  for (size_t n = strlen(s); n < width; n++) out_s(o, " ");
+  out_s(o, s);
+}
+static void out_ru(out_t* o, uint64_t v, size_t width) {
+  char tmp[24];
+  fmt_u(tmp, v);
+  out_rpad(o, tmp, width);
+}
+/* num/den with three decimals ("0.390"), right-aligned. */
+static void out_ratio(out_t* o, uint64_t num, uint64_t den, size_t width) {
+  uint64_t milli = den ? (num * 1000 + den / 2) / den : 0;
+  char tmp[32], frac[4] = {(char)('0' + milli / 100 % 10), (char)('0' + milli / 10 % 10),
+                           (char)('0' + milli % 10), 0};
+  fmt_u(tmp, milli / 1000);
+  strcat(tmp, ".");
+  strcat(tmp, frac);
+  out_rpad(o, tmp, width);
+}
+
+static void out_value(out_t* o, int type, const val_t* v) {
+  switch (type) {
+    case V_BOOL: out_s(o, v->n ? "true" : "false"); break;
+    case V_SSIZE:
+    case V_I64: out_i(o, (int64_t)v->n); break;
+    case V_STR:
+      out_s(o, "\"");
+      out_s(o, v->s ? v->s : "");
+      out_s(o, "\"");
+      break;
+    default: out_u(o, v->n); break;
+  }
+}
+
+/* JSON: each object tracks whether a member was written, for the commas. */
+static void j_key(out_t* o, bool* first, int indent, const char* key) {
+  out_s(o, *first ? "\n" : ",\n");
+  *first = false;
+  for (int i = 0; i < indent; i++) out_s(o, "\t");
+  out_s(o, "\"");
+  out_s(o, key);
+  out_s(o, "\": ");
+}
+static void j_u(out_t* o, bool* first, int indent, const char* key, uint64_t v) {
+  j_key(o, first, indent, key);
+  out_u(o, v);
+}
+static void j_close(out_t* o, int indent, char c) {
+  out_s(o, "\n");
+  for (int i = 0; i < indent; i++) out_s(o, "\t");
+  char s[2] = {c, 0};
+  out_s(o, s);
+}
+
+/* Every value leaf under `dir`, "  prefix.name: value" or as JSON members. */
+static void print_dir(out_t* o, const ctl_node_t* dir, const char* prefix, bool json, int indent) {
+  size_t mib[1] = {0};
+  bool first = true;
+  for (unsigned k = 0; k < dir->nkids; k++) {
+    const ctl_node_t* nd = &dir->kids[k];
+    if (nd->get == NULL) continue;
+    val_t v = {0, NULL};
+    if (nd->get(mib, &v) != 0) continue;
+    if (json) {
+      j_key(o, &first, indent, nd->name);
+    } else {
+      out_s(o, "  ");
+      out_s(o, prefix);
+      out_s(o, nd->name);
+      out_s(o, ": ");
+    }
+    out_value(o, nd->type, &v);
+    if (!json) out_s(o, "\n");
+  }
+}
+
+static const ctl_node_t* root_child(const char* name) {
+  for (unsigned k = 0; k < ctl_root.nkids; k++)
+    if (strcmp(root_kids[k].name, name) == 0) return &root_kids[k];
+  return NULL;
+}
+
+static void print_text(out_t* o, const je_snap_t* x, bool general, bool arena, bool bins,
+                       bool large) {
+  out_s(o, "___ Begin jemalloc statistics ___\n");
+  if (general) {
+    out_s(o, "Version: \"" JE_VERSION "\"\n");
+    out_s(o, "Allocator: keel ");
+    out_s(o, keel_version());
+    out_s(o, " (jemalloc 5.3 API)\n");
+    out_s(o, "Build-time option settings\n");
+    print_dir(o, root_child("config"), "config.", false, 0);
+    out_s(o, "Run-time option settings\n");
+    print_dir(o, root_child("opt"), "opt.", false, 0);
+    out_s(o, "Arenas: 1\nQuantum size: 16\nPage size: ");
+    out_u(o, _keel_page_size);
+    out_s(o, "\nMaximum thread-cached size class: ");
+    out_u(o, _keel_options.check ? 0 : KEEL_CLASS_MAX);
+    out_s(o, "\nNumber of bin size classes: ");
+    out_u(o, KEEL_NUM_CLASSES - 1);
+    out_s(o, "\nNumber of thread-cache bin size classes: ");
+    out_u(o, _keel_options.check ? 0 : KEEL_NUM_CLASSES - 1);
+    out_s(o, "\nNumber of large size classes: ");
+    out_u(o, JE_NLEXTENTS);
+    out_s(o, "\n");
+  }
+  out_s(o, "Allocated: ");
+  out_u(o, x->s.allocated);
+  out_s(o, ", active: ");
+  out_u(o, x->s.active);
+  out_s(o, ", metadata: ");
+  out_u(o, x->s.metadata);
+  out_s(o, " (n_thp 0), resident: ");
+  out_u(o, x->resident);
+  out_s(o, ", mapped: ");
+  out_u(o, x->mapped);
+  out_s(o, ", retained: ");
+  out_u(o, x->s.retained);
+  out_s(o, "\nBackground threads: ");
+  out_u(o, bg_enabled() && _keel_options.background_purge ? 1 : 0);
+  out_s(o, ", num_runs: ");
+  out_u(o, x->s.purge_runs);
+  out_s(o, ", run_interval: 0 ns\n");
+  if (arena) {
+    uint64_t page = _keel_page_size;
+    out_s(o, "arenas[0]:\nassigned threads: ");
+    out_u(o, x->s.threads);
+    out_s(o, "\ndss allocation precedence: \"disabled\"\n");
+    out_s(o, "decaying:  time       npages       sweeps     madvises       purged\n   dirty: ");
+    char tmp[24];
+    int64_t d = purge_delay_ms();
+    if (d < 0) strcpy(tmp, "N/A");
+    else fmt_u(tmp, (uint64_t)d);
+    out_rpad(o, tmp, 5);
+    out_ru(o, x->dirty / page, 13);
+    out_ru(o, x->s.purge_runs, 13);
+    out_ru(o, x->s.purge_runs, 13);
+    out_ru(o, x->s.purged_bytes / page, 13);
+    out_s(o, "\n   muzzy:     0            0            0            0            0\n");
+    out_s(o, "                            allocated\nsmall:     ");
+    out_ru(o, x->small, 22);
+    out_s(o, "\nlarge:     ");
+    out_ru(o, x->large, 22);
+    out_s(o, "\ntotal:     ");
+    out_ru(o, x->s.allocated, 22);
+    static const char* const names[] = {"active:", "mapped:", "retained:", "base:", "internal:",
+                                        "metadata_thp:", "tcache_bytes:", "resident:"};
+    uint64_t vals[] = {x->s.active, x->mapped, x->s.retained, x->s.metadata, 0, 0, x->tcache_bytes,
+                       x->resident};
+    out_s(o, "\n");
+    for (unsigned i = 0; i < sizeof vals / sizeof vals[0]; i++) {
+      out_s(o, names[i]);
+      out_ru(o, vals[i], 33 - strlen(names[i]));
+      out_s(o, "\n");
+    }
+    if (bins) {
+      out_s(o, "bins:           size ind    allocated      curregs     curslabs  regs  pgs"
+               "   util\n");
+      bool gap = false;
+      for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
+        const keel_class_t* k = &_keel_classes[cls];
+        if (x->slabs[cls] == 0) {
+          gap = true;
+          continue;
+        }
+        if (gap) out_s(o, "                     ---\n");
+        gap = false;
+        uint64_t regs = f_curregs(x, cls);
+        out_ru(o, k->size, 20);
+        out_ru(o, cls - 1, 4);
+        out_ru(o, regs * k->size, 13);
+        out_ru(o, regs, 13);
+        out_ru(o, x->slabs[cls], 13);
+        out_ru(o, k->count, 6);
+        out_ru(o, (uint64_t)k->units * KEEL_UNIT_SIZE / page, 5);
+        out_ratio(o, regs, x->slabs[cls] * k->count, 7);
+        out_s(o, "\n");
+      }
+      if (gap) out_s(o, "                     ---\n");
+    }
+    if (large) {
+      out_s(o, "large:          size ind    allocated\n");
+      out_s(o, "         (131073..1M)  --");
+      out_ru(o, x->large - x->s.huge_allocated, 13);
+      out_s(o, "\n            (> 1 MiB)  --");
+      out_ru(o, x->s.huge_allocated, 13);
+      out_s(o, "\n");
+    }
+  }
+  out_s(o, "--- End jemalloc statistics ---\n");
+}
+
+static void print_json(out_t* o, const je_snap_t* x, bool general, bool arena, bool bins) {
+  bool f0 = true, f1 = true;
+  out_s(o, "{");
+  j_key(o, &f0, 1, "jemalloc");
+  out_s(o, "{");
+  if (general) {
+    j_key(o, &f1, 2, "version");
+    out_s(o, "\"" JE_VERSION "\"");
+    j_key(o, &f1, 2, "allocator");
+    out_s(o, "\"keel ");
+    out_s(o, keel_version());
+    out_s(o, "\"");
+    j_key(o, &f1, 2, "config");
+    out_s(o, "{");
+    print_dir(o, root_child("config"), "", true, 3);
+    j_close(o, 2, '}');
+    j_key(o, &f1, 2, "opt");
+    out_s(o, "{");
+    print_dir(o, root_child("opt"), "", true, 3);
+    j_close(o, 2, '}');
+    j_key(o, &f1, 2, "arenas");
+    out_s(o, "{");
+    bool f2 = true;
+    j_u(o, &f2, 3, "narenas", 1);
+    j_key(o, &f2, 3, "dirty_decay_ms");
+    out_i(o, purge_delay_ms());
+    j_u(o, &f2, 3, "muzzy_decay_ms", 0);
+    j_u(o, &f2, 3, "quantum", 16);
+    j_u(o, &f2, 3, "page", _keel_page_size);
+    j_u(o, &f2, 3, "tcache_max", _keel_options.check ? 0 : KEEL_CLASS_MAX);
+    j_u(o, &f2, 3, "nbins", KEEL_NUM_CLASSES - 1);
+    j_u(o, &f2, 3, "nhbins", _keel_options.check ? 0 : KEEL_NUM_CLASSES - 1);
+    j_key(o, &f2, 3, "bin");
+    out_s(o, "[");
+    for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
+      const keel_class_t* k = &_keel_classes[cls];
+      bool f3 = true;
+      out_s(o, cls > 1 ? ",\n\t\t\t\t{" : "\n\t\t\t\t{");
+      j_u(o, &f3, 5, "size", k->size);
+      j_u(o, &f3, 5, "nregs", k->count);
+      j_u(o, &f3, 5, "slab_size", (uint64_t)k->units * KEEL_UNIT_SIZE);
+      j_close(o, 4, '}');
+    }
+    j_close(o, 3, ']');
+    j_u(o, &f2, 3, "nlextents", JE_NLEXTENTS);
+    j_key(o, &f2, 3, "lextent");
+    out_s(o, "[");
+    for (unsigned i = 0; i < JE_NLEXTENTS; i++) {
+      bool f3 = true;
+      out_s(o, i ? ",\n\t\t\t\t{" : "\n\t\t\t\t{");
+      j_u(o, &f3, 5, "size", JE_LARGE_MIN + (uint64_t)i * KEEL_UNIT_SIZE);
+      j_close(o, 4, '}');
+    }
+    j_close(o, 3, ']');
+    j_close(o, 2, '}');
+  }
+  j_key(o, &f1, 2, "stats");
+  out_s(o, "{");
+  bool f2 = true;
+  j_u(o, &f2, 3, "allocated", x->s.allocated);
+  j_u(o, &f2, 3, "active", x->s.active);
+  j_u(o, &f2, 3, "metadata", x->s.metadata);
+  j_u(o, &f2, 3, "metadata_thp", 0);
+  j_u(o, &f2, 3, "resident", x->resident);
+  j_u(o, &f2, 3, "mapped", x->mapped);
+  j_u(o, &f2, 3, "retained", x->s.retained);
+  j_key(o, &f2, 3, "background_thread");
+  out_s(o, "{");
+  bool f3 = true;
+  j_u(o, &f3, 4, "num_threads", bg_enabled() && _keel_options.background_purge ? 1 : 0);
+  j_u(o, &f3, 4, "num_runs", x->s.purge_runs);
+  j_u(o, &f3, 4, "run_interval", 0);
+  j_close(o, 3, '}');
+  j_close(o, 2, '}');
+  if (arena) {
+    j_key(o, &f1, 2, "stats.arenas");
+    out_s(o, "{");
+    bool fa = true;
+    j_key(o, &fa, 3, "0");
+    out_s(o, "{");
+    bool f = true;
+    uint64_t page = _keel_page_size;
+    j_u(o, &f, 4, "nthreads", x->s.threads);
+    j_key(o, &f, 4, "dss");
+    out_s(o, "\"disabled\"");
+    j_key(o, &f, 4, "dirty_decay_ms");
+    out_i(o, purge_delay_ms());
+    j_u(o, &f, 4, "muzzy_decay_ms", 0);
+    j_u(o, &f, 4, "pactive", x->s.active / page);
+    j_u(o, &f, 4, "pdirty", x->dirty / page);
+    j_u(o, &f, 4, "pmuzzy", 0);
+    j_u(o, &f, 4, "dirty_npurge", x->s.purge_runs);
+    j_u(o, &f, 4, "dirty_nmadvise", x->s.purge_runs);
+    j_u(o, &f, 4, "dirty_purged", x->s.purged_bytes / page);
+    j_u(o, &f, 4, "muzzy_npurge", 0);
+    j_u(o, &f, 4, "muzzy_nmadvise", 0);
+    j_u(o, &f, 4, "muzzy_purged", 0);
+    j_key(o, &f, 4, "small");
+    out_s(o, "{");
+    bool fs = true;
+    j_u(o, &fs, 5, "allocated", x->small);
+    j_close(o, 4, '}');
+    j_key(o, &f, 4, "large");
+    out_s(o, "{");
+    fs = true;
+    j_u(o, &fs, 5, "allocated", x->large);
+    j_close(o, 4, '}');
+    j_u(o, &f, 4, "mapped", x->mapped);
+    j_u(o, &f, 4, "retained", x->s.retained);
+    j_u(o, &f, 4, "base", x->s.metadata);
+    j_u(o, &f, 4, "internal", 0);
+    j_u(o, &f, 4, "metadata_thp", 0);
+    j_u(o, &f, 4, "tcache_bytes", x->tcache_bytes);
+    j_u(o, &f, 4, "resident", x->resident);
+    if (bins) {
+      j_key(o, &f, 4, "bins");
+      out_s(o, "[");
+      for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
+        bool fb = true;
+        out_s(o, cls > 1 ? ",\n\t\t\t\t\t{" : "\n\t\t\t\t\t{");
+        j_u(o, &fb, 6, "curregs", f_curregs(x, cls));
+        j_u(o, &fb, 6, "curslabs", x->slabs[cls]);
+        j_close(o, 5, '}');
+      }
+      j_close(o, 4, ']');
+    }
+    j_close(o, 3, '}');
+    j_close(o, 2, '}');
+  }
+  j_close(o, 1, '}');
+  j_close(o, 0, '}');
+  out_s(o, "\n");
+}
+
+/* opts as jemalloc's: J JSON, g no general information, m/a no arena statistics (Keel has
+ * one arena, printed as arenas[0]), b no bins, l no large sizes; the rest is ignored. */
+API void malloc_stats_print(void (*write_cb)(void*, const char*), void* cbopaque,
+                            const char* opts) {
+  bool json = false, general = true, arena = true, bins = true, large = true;
+  for (const char* c = opts; c && *c; c++) {
+    switch (*c) {
+      case 'J': json = true; break;
+      case 'g': general = false; break;
+      case 'm':
+      case 'a': arena = false; break;
+      case 'b': bins = false; break;
+      case 'l': large = false; break;
+      default: break;
+    }
+  }
+  keel_ensure_init();
+  snap_refresh(false); /* as jemalloc: a fresh epoch */
+  je_snap_t x;
+  snap_copy(&x);
+  out_t o;
+  o.cb = write_cb ? write_cb : malloc_message;
+  o.opaque = cbopaque;
+  o.len = 0;
+  if (json) print_json(&o, &x, general, arena, bins);
+  else print_text(&o, &x, general, arena, bins, large);
+  out_flush(&o);
+}

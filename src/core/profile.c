@@ -1,0 +1,340 @@
+/* profile.c -- sampled heap profiling (KEEL_PROFILE_RATE=N: about one sample per N
+ * bytes allocated; off by default).
+ *
+ * Cost when off: the malloc fast path decrements a per-bin countdown that starts at
+ * 2^32-1 and never reaches zero in practice; nothing else. When on, the countdown is set
+ * to about N / block-size pops; when it reaches zero the allocation is served from a
+ * "sampled slab" of the same class instead, and its stack is recorded. Sampled slabs are
+ * tagged in the page map, so only the free of a sampled block leaves the fast path to
+ * drop its record; ordinary frees are untouched. Large and huge blocks are sampled on
+ * their own slow paths with a per-thread byte countdown.
+ *
+ * Profiles are written in the legacy pprof heap format ("heap_v2"), which `go tool
+ * pprof` and `pprof` read and unsample: one line per distinct stack of live sampled
+ * blocks, then the process's memory map for symbolisation. */
+#include "core/internal.h"
+
+#define DEPTH 48
+
+typedef struct sample_s {
+  uintptr_t ptr; /* 0: empty slot; 1: deleted */
+  uint64_t size; /* bytes the program asked for */
+  uint32_t depth;
+  uint32_t pad;
+  void* stack[DEPTH];
+} sample_t;
+
+bool _keel_profiling;
+static keel_lock_t prof_lock = KEEL_LOCK_INIT;
+static sample_t* table;      /* open addressing by pointer */
+static size_t table_cap, table_used, table_deleted;
+static uint64_t live_bytes, live_count, total_samples;
+static uint64_t dumps, last_dump_count;
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uintptr_t self_lo, self_hi; /* Keel's own code: dropped from stacks */
+static _Thread_local bool in_profiler;
+static _Thread_local int64_t big_left;
+
+static uint64_t next_random(void) {
+  uint64_t x = __atomic_load_n(&rng, __ATOMIC_RELAXED);
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  __atomic_store_n(&rng, x, __ATOMIC_RELAXED);
+  return x;
+}
+
+/* A sampling interval with mean `mean`: uniform on [1, 2*mean-1]. */
+static uint64_t draw(uint64_t mean) {
+  if (mean <= 1) return 1;
+  return 1 + next_random() % (2 * mean - 1);
+}
+
+uint32_t _keel_profile_first_countdown(unsigned cls) {
+  if (!_keel_profiling) return UINT32_MAX;
+  uint64_t d = draw(_keel_options.profile_rate / _keel_classes[cls].size);
+  return d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
+}
+
+void _keel_profile_init(void) {
+  _keel_profiling = _keel_options.profile_rate > 0;
+  rng ^= _keel_prim_random();
+  big_left = (int64_t)draw(_keel_options.profile_rate);
+  _keel_prim_code_range((const void*)&_keel_profile_init, &self_lo, &self_hi);
+}
+
+static size_t slot_of(uintptr_t p, size_t cap) {
+  return (size_t)(((uint64_t)p * 0x9E3779B97F4A7C15ull) >> 32) & (cap - 1);
+}
+
+/* Lock held. */
+static bool table_grow(void) {
+  size_t cap = table_cap ? table_cap * 2 : 1024;
+  size_t bytes = (cap * sizeof(sample_t) + _keel_page_size - 1) & ~(_keel_page_size - 1);
+  sample_t* t = (sample_t*)_keel_prim_map(bytes, 0, NULL);
+  if (t == NULL) return false;
+  for (size_t i = 0; i < table_cap; i++) {
+    if (table[i].ptr <= 1) continue;
+    size_t j = slot_of(table[i].ptr, cap);
+    while (t[j].ptr != 0) j = (j + 1) & (cap - 1);
+    t[j] = table[i];
+  }
+  if (table)
+    _keel_prim_unmap(table, (table_cap * sizeof(sample_t) + _keel_page_size - 1) & ~(_keel_page_size - 1));
+  table = t;
+  table_cap = cap;
+  table_deleted = 0;
+  return true;
+}
+
+static void record(void* p, size_t n) {
+  if (in_profiler) return;
+  in_profiler = true;
+  void* raw[DEPTH + 8];
+  int got = _keel_prim_backtrace(raw, DEPTH + 8, 1);
+  int first = 0;
+  while (first < got && (uintptr_t)raw[first] >= self_lo && (uintptr_t)raw[first] < self_hi) first++;
+  keel_lock(&prof_lock);
+  if ((table_used + table_deleted + 1) * 4 > table_cap * 3 && !table_grow()) {
+    keel_unlock(&prof_lock);
+    in_profiler = false;
+    return;
+  }
+  size_t j = slot_of((uintptr_t)p, table_cap);
+  while (table[j].ptr > 1) j = (j + 1) & (table_cap - 1);
+  if (table[j].ptr == 1) table_deleted--;
+  sample_t* s = &table[j];
+  s->ptr = (uintptr_t)p;
+  s->size = n;
+  s->depth = 0;
+  for (int i = first; i < got && s->depth < DEPTH; i++) s->stack[s->depth++] = raw[i];
+  table_used++;
+  live_bytes += n;
+  live_count++;
+  total_samples++;
+  keel_unlock(&prof_lock);
+  in_profiler = false;
+}
+
+void* _keel_profile_sample_small(keel_bin_t* b, void* p, size_t n) {
+  unsigned cls = (unsigned)(b - _keel_tc->bins);
+  b->until_sample = _keel_profile_first_countdown(cls);
+  if (!_keel_profiling || in_profiler) return p;
+  void** q = (void**)_keel_central_take_sampled(cls);
+  if (q == NULL) return p;
+  /* Put p back on the bin: the program gets the sampled block instead. */
+  ((void**)p)[0] = b->head;
+  ((uintptr_t*)p)[1] = _keel_free_key;
+  b->head = p;
+  b->avail--;
+  q[1] = NULL;
+  record(q, n ? n : 1);
+  return q;
+}
+
+void* _keel_profile_sample_sized(void* p, size_t n) {
+  return _keel_profile_sample_small(&_keel_tc->bins[keel_size_class(n)], p, n);
+}
+
+void _keel_profile_sample_big(void* p, size_t n) {
+  big_left -= (int64_t)n;
+  if (big_left > 0) return;
+  big_left = (int64_t)draw(_keel_options.profile_rate);
+  record(p, n);
+}
+
+void _keel_profile_forget(void* p) {
+  if (table_cap == 0) return;
+  keel_lock(&prof_lock);
+  for (size_t j = slot_of((uintptr_t)p, table_cap);; j = (j + 1) & (table_cap - 1)) {
+    if (table[j].ptr == 0) break;
+    if (table[j].ptr == (uintptr_t)p) {
+      live_bytes -= table[j].size;
+      live_count--;
+      table[j].ptr = 1; /* deleted: keeps probe chains intact */
+      table_used--;
+      table_deleted++;
+      break;
+    }
+  }
+  keel_unlock(&prof_lock);
+}
+
+/* ---- writing profiles ------------------------------------------------------------- */
+
+typedef struct line_s {
+  uint64_t hash; /* 0: empty */
+  uint64_t count, bytes;
+  const sample_t* example; /* a sample with this stack */
+} line_t;
+
+static uint64_t stack_hash(const sample_t* s) {
+  uint64_t h = 1469598103934665603ull ^ s->depth;
+  for (uint32_t i = 0; i < s->depth; i++) h = (h ^ (uintptr_t)s->stack[i]) * 1099511628211ull;
+  return h ? h : 1;
+}
+
+static bool same_stack(const sample_t* a, const sample_t* b) {
+  if (a->depth != b->depth) return false;
+  for (uint32_t i = 0; i < a->depth; i++)
+    if (a->stack[i] != b->stack[i]) return false;
+  return true;
+}
+
+/* Groups live samples by stack into a temporary table; lock held. Returns the table
+ * (caller unmaps `*bytes`) or NULL. */
+static line_t* group_by_stack(size_t* cap_out, size_t* bytes) {
+  size_t cap = 64;
+  while (cap < table_used * 2) cap *= 2;
+  *bytes = (cap * sizeof(line_t) + _keel_page_size - 1) & ~(_keel_page_size - 1);
+  line_t* lines = (line_t*)_keel_prim_map(*bytes, 0, NULL);
+  if (lines == NULL) return NULL;
+  for (size_t i = 0; i < table_cap; i++) {
+    const sample_t* s = &table[i];
+    if (s->ptr <= 1) continue;
+    uint64_t h = stack_hash(s);
+    size_t j = (size_t)h & (cap - 1);
+    while (lines[j].hash != 0 && !(lines[j].hash == h && same_stack(lines[j].example, s)))
+      j = (j + 1) & (cap - 1);
+    lines[j].hash = h;
+    lines[j].example = s;
+    lines[j].count++;
+    lines[j].bytes += s->size;
+  }
+  *cap_out = cap;
+  return lines;
+}
+
+static void put(int fd, keel_buf_t* b) {
+  _keel_prim_write(fd, b->p, b->len);
+  b->len = 0;
+  b->p[0] = 0;
+}
+
+static void write_counts(keel_buf_t* b, uint64_t count, uint64_t bytes) {
+  _keel_buf_u64(b, count);
+  _keel_buf_str(b, ": ");
+  _keel_buf_u64(b, bytes);
+  _keel_buf_str(b, " [");
+  _keel_buf_u64(b, count);
+  _keel_buf_str(b, ": ");
+  _keel_buf_u64(b, bytes);
+  _keel_buf_str(b, "] @");
+}
+
+static bool dump_fd(int fd) {
+  char text[1024];
+  keel_buf_t b = {text, 0, sizeof text};
+  keel_lock(&prof_lock);
+  size_t cap = 0, map_bytes = 0;
+  line_t* lines = table_used ? group_by_stack(&cap, &map_bytes) : NULL;
+  _keel_buf_str(&b, "heap profile: ");
+  write_counts(&b, live_count, live_bytes);
+  _keel_buf_str(&b, " heap_v2/");
+  _keel_buf_u64(&b, _keel_options.profile_rate);
+  _keel_buf_str(&b, "\n");
+  put(fd, &b);
+  for (size_t i = 0; lines && i < cap; i++) {
+    if (lines[i].hash == 0) continue;
+    write_counts(&b, lines[i].count, lines[i].bytes);
+    for (uint32_t k = 0; k < lines[i].example->depth; k++) {
+      _keel_buf_str(&b, " ");
+      _keel_buf_hex(&b, (uint64_t)(uintptr_t)lines[i].example->stack[k]);
+      if (b.len > sizeof text - 40) put(fd, &b);
+    }
+    _keel_buf_str(&b, "\n");
+    put(fd, &b);
+  }
+  last_dump_count = live_count;
+  dumps++;
+  keel_unlock(&prof_lock);
+  if (lines) _keel_prim_unmap(lines, map_bytes);
+  _keel_buf_str(&b, "\nMAPPED_LIBRARIES:\n");
+  put(fd, &b);
+  _keel_prim_copy_file("/proc/self/maps", fd);
+  return true;
+}
+
+bool _keel_profile_dump_to(const char* path) {
+  int fd = _keel_prim_open_write(path);
+  if (fd < 0) return false;
+  bool ok = dump_fd(fd);
+  _keel_prim_close(fd);
+  return ok;
+}
+
+/* PREFIX.<pid>.<tag>.heap */
+static void dump_named(const char* tag) {
+  char path[256];
+  keel_buf_t b = {path, 0, sizeof path};
+  _keel_buf_str(&b, _keel_options.profile_prefix);
+  _keel_buf_str(&b, ".");
+  _keel_buf_u64(&b, (uint64_t)_keel_prim_getpid());
+  _keel_buf_str(&b, ".");
+  _keel_buf_str(&b, tag);
+  _keel_buf_str(&b, ".heap");
+  if (!_keel_profile_dump_to(path)) _keel_warn("cannot write heap profile ", path);
+}
+
+void _keel_profile_tick(void) {
+  if (!_keel_profiling || _keel_options.profile_growth == 0) return;
+  /* Each live sample stands for about `rate` bytes of the heap. */
+  uint64_t count = __atomic_load_n(&live_count, __ATOMIC_RELAXED);
+  if (count > last_dump_count &&
+      (count - last_dump_count) * _keel_options.profile_rate >= _keel_options.profile_growth) {
+    char tag[24];
+    keel_buf_t b = {tag, 0, sizeof tag};
+    _keel_buf_u64(&b, dumps);
+    dump_named(tag);
+  }
+}
+
+void _keel_profile_at_exit(void) {
+  if (!_keel_profiling) return;
+  if (_keel_options.profile_at_exit) dump_named("exit");
+  if (!_keel_options.profile_leaks || table_used == 0) return;
+  /* Leak report: the stacks holding the most live sampled bytes. */
+  keel_lock(&prof_lock);
+  size_t cap = 0, map_bytes = 0;
+  line_t* lines = group_by_stack(&cap, &map_bytes);
+  char text[2048];
+  keel_buf_t b = {text, 0, sizeof text};
+  _keel_buf_str(&b, "keel: leak report: ");
+  _keel_buf_u64(&b, live_count);
+  _keel_buf_str(&b, " sampled blocks (");
+  _keel_buf_u64(&b, live_bytes);
+  _keel_buf_str(&b, " bytes) still allocated at exit; largest allocation sites:\n");
+  put(2, &b);
+  for (int shown = 0; lines && shown < 10; shown++) {
+    size_t best = cap;
+    for (size_t i = 0; i < cap; i++)
+      if (lines[i].hash != 0 && (best == cap || lines[i].bytes > lines[best].bytes)) best = i;
+    if (best == cap) break;
+    _keel_buf_str(&b, "keel:   ");
+    _keel_buf_u64(&b, lines[best].bytes);
+    _keel_buf_str(&b, " bytes in ");
+    _keel_buf_u64(&b, lines[best].count);
+    _keel_buf_str(&b, " sampled blocks, allocated at\n");
+    put(2, &b);
+    for (uint32_t k = 0; k < lines[best].example->depth && k < 6; k++) {
+      char sym[160];
+      _keel_buf_str(&b, "keel:       ");
+      _keel_buf_hex(&b, (uint64_t)(uintptr_t)lines[best].example->stack[k]);
+      if (_keel_prim_symbolize(lines[best].example->stack[k], sym, sizeof sym)) {
+        _keel_buf_str(&b, " ");
+        _keel_buf_str(&b, sym);
+      }
+      _keel_buf_str(&b, "\n");
+      put(2, &b);
+    }
+    lines[best].hash = 0;
+  }
+  keel_unlock(&prof_lock);
+  if (lines) _keel_prim_unmap(lines, map_bytes);
+}
+
+KEEL_API int keel_profile_dump(const char* path) {
+  keel_ensure_init();
+  if (!_keel_profiling) return -1;
+  return _keel_profile_dump_to(path) ? 0 : -1;
+}
