@@ -27,6 +27,8 @@ glibc, jemalloc, tcmalloc, mimalloc or Keel, compare them, and deploy the winner
   keel recommend results.json         who wins on speed, memory and tail latency
   keel deploy keel --for redis        the snippet that makes a service use it
   keel options                        Keel's tuning variables (KEEL_*)
+  keel stats PID | keel top PID       look inside a running process under Keel
+  keel purge PID | keel profile PID   return its free memory now | write a heap profile
   keel suites | keel allocators       what can be benchmarked, what is installed
 """
 
@@ -397,6 +399,8 @@ where to put it and the commands to reload, restart and check.
     s.set_defaults(func=cmd_suites)
     a = sub.add_parser("allocators", help="list the allocators and whether they are installed")
     a.set_defaults(func=cmd_allocators)
+    from . import livecmd
+    livecmd.add_parsers(sub, fmt)
     return p
 
 

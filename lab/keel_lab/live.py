@@ -1,7 +1,7 @@
 """Reading a running Keel process's statistics from outside, without stopping it.
 
 A process under Keel (after its first second) has /dev/shm/keel-<pid>, mode 0600, laid
-out as below (layout version 1, little-endian; see src/core/publish.c). A reader bumps
+out as below (layout version 2, little-endian; see src/core/publish.c). A reader bumps
 `request`; the process's purger thread refreshes the figures within ~250 ms under a
 sequence lock and copies `request` to `answered`. `purge_request` works the same way
 and makes the process return its free memory to the OS.
@@ -16,13 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MAGIC = 0x5441545354454B4B
-HEADER = struct.Struct("<QIIQQQQQQQQII")  # magic .. pad: 88 bytes
+HEADER = struct.Struct("<QIIQQQQQQQQQQ256sII")  # magic .. pad: 360 bytes
 STATS_FIELDS = ["allocated", "active", "cached", "mapped", "committed", "retained", "metadata",
                 "huge_allocated", "purged_bytes", "purge_runs", "threads", "threads_total",
                 "os_page_size", "huge_page_size"]
 STATS = struct.Struct("<II" + "Q" * len(STATS_FIELDS))  # keel_stats_t: 120 bytes
 CLASS = struct.Struct("<QQQQQ")  # keel_class_stats_t
 OFF_REQUEST, OFF_ANSWERED, OFF_PURGE_REQ, OFF_PURGE_ANS, OFF_SEQ = 24, 32, 40, 48, 56
+OFF_PROFILE_REQ, OFF_PROFILE_ANS, OFF_PROFILE_PATH = 80, 88, 96
+LAYOUT_VERSION = 2
 
 
 class LiveError(RuntimeError):
@@ -81,7 +83,7 @@ def _open(pid: int) -> tuple[mmap.mmap, object]:
         raise LiveError(f"{path} belongs to another user: run as the process's user or root") from None
     m = mmap.mmap(f.fileno(), 0)
     magic, version, *_ = HEADER.unpack_from(m, 0)
-    if magic != MAGIC or version != 1:
+    if magic != MAGIC or version != LAYOUT_VERSION:
         m.close()
         f.close()
         raise LiveError(f"{path} is not a Keel statistics file of a known layout")
@@ -111,7 +113,7 @@ def _read_consistent(m: mmap.mmap, pid: int) -> Snapshot:
             time.sleep(0.001)
             continue
         header = HEADER.unpack_from(m, 0)
-        header_size, updated_ms, purged, nclasses = header[2], header[9], header[10], header[11]
+        header_size, updated_ms, purged, nclasses = header[2], header[9], header[10], header[14]
         st = STATS.unpack_from(m, HEADER.size)
         classes = [ClassStats(*CLASS.unpack_from(m, header_size + i * CLASS.size))
                    for i in range(nclasses)]
@@ -140,6 +142,22 @@ def purge(pid: int, timeout: float = 10.0) -> Snapshot:
     finally:
         m.close()
         f.close()
+
+
+def profile(pid: int, timeout: float = 30.0) -> str:
+    """Asks the process to write a heap profile now; returns the file's path."""
+    m, f = _open(pid)
+    try:
+        _bump_and_wait(m, OFF_PROFILE_REQ, OFF_PROFILE_ANS, timeout)
+        raw = bytes(m[OFF_PROFILE_PATH:OFF_PROFILE_PATH + 256])
+    finally:
+        m.close()
+        f.close()
+    path = raw.split(b"\0", 1)[0].decode(errors="replace")
+    if not path:
+        raise LiveError(f"process {pid} is not profiling: start it with KEEL_PROFILE_RATE "
+                        f"(e.g. KEEL_PROFILE_RATE=512K) to record allocation stacks")
+    return path
 
 
 def rss_kib(pid: int) -> int:

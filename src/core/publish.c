@@ -5,8 +5,9 @@
  * only the process's user, or root, can read it) holding a keel_published_t. A reader (`keel stats PID`, `keel top`)
  * increments `request`; the background purger, on its next tick, refreshes the figures
  * under a sequence lock and copies `request` to `answered`. The same way, `keel purge
- * PID` increments `purge_request`. Nobody looking costs two loads per purger tick. The
- * layout is fixed (version 1) and documented in docs/design.md; the lab reads it. */
+ * PID` increments `purge_request`, and `keel profile PID` `profile_request` (the heap
+ * profile is written to KEEL_PROFILE_PREFIX.<pid>.req<n>.heap, named in profile_path). Nobody looking costs two loads per purger tick. The
+ * layout is fixed (version 2) and documented in docs/design.md; the lab reads it. */
 #include "core/internal.h"
 
 #define PUBLISH_MAGIC 0x5441545354454b4bull /* "KKETSTAT" read little-endian */
@@ -23,6 +24,9 @@ typedef struct keel_published_s {
   uint64_t seq;             /* odd while being written */
   uint64_t updated_ms;      /* monotonic clock of the last refresh */
   uint64_t purged_on_request; /* bytes the last purge request released */
+  uint64_t profile_request;   /* readers increment: write a heap profile */
+  uint64_t profile_answered;
+  char profile_path[256];     /* where the last requested profile went ("" if none) */
   uint32_t nclasses;
   uint32_t pad;
   keel_stats_t stats;
@@ -30,7 +34,7 @@ typedef struct keel_published_s {
 } keel_published_t;
 
 _Static_assert(sizeof(keel_stats_t) == 120, "published layout: keel_stats_t is 120 bytes");
-_Static_assert(__builtin_offsetof(keel_published_t, stats) == 88, "published layout");
+_Static_assert(__builtin_offsetof(keel_published_t, stats) == 360, "published layout");
 
 static keel_published_t* pub;
 static char pub_name[32];
@@ -64,7 +68,7 @@ static void create(void) {
   make_name();
   keel_published_t* p = (keel_published_t*)_keel_prim_publish_create(pub_name, sizeof *p);
   if (p == NULL) return;
-  p->layout_version = 1;
+  p->layout_version = 2;
   p->header_size = (uint32_t)__builtin_offsetof(keel_published_t, classes);
   p->pid = (uint64_t)_keel_prim_getpid();
   __atomic_store_n(&p->magic, PUBLISH_MAGIC, __ATOMIC_RELEASE);
@@ -95,6 +99,23 @@ void _keel_publish_tick(void) {
     p->purged_on_request = _keel_pageheap_purge(true) + _keel_huge_purge(true);
     refresh();
     __atomic_store_n(&p->purge_answered, purge, __ATOMIC_RELEASE);
+  }
+  uint64_t prof = __atomic_load_n(&p->profile_request, __ATOMIC_ACQUIRE);
+  if (prof != __atomic_load_n(&p->profile_answered, __ATOMIC_RELAXED)) {
+    char path[sizeof p->profile_path];
+    keel_buf_t b = {path, 0, sizeof path};
+    path[0] = 0;
+    if (_keel_profiling) {
+      _keel_buf_str(&b, _keel_options.profile_prefix);
+      _keel_buf_str(&b, ".");
+      _keel_buf_u64(&b, (uint64_t)_keel_prim_getpid());
+      _keel_buf_str(&b, ".req");
+      _keel_buf_u64(&b, prof);
+      _keel_buf_str(&b, ".heap");
+      if (!_keel_profile_dump_to(path)) path[0] = 0;
+    }
+    memcpy(p->profile_path, path, sizeof path);
+    __atomic_store_n(&p->profile_answered, prof, __ATOMIC_RELEASE);
   }
   uint64_t req = __atomic_load_n(&p->request, __ATOMIC_ACQUIRE);
   if (req != __atomic_load_n(&p->answered, __ATOMIC_RELAXED)) {

@@ -1,0 +1,149 @@
+"""keel stats / top / purge / profile: looking inside a running process under Keel."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from . import live
+
+
+def _mib(n: float) -> str:
+    return f"{n / 1048576:,.1f} MiB"
+
+
+def _summary_table(snap: live.Snapshot, rss_kib: int, prev: live.Snapshot | None, dt: float):
+    from rich.table import Table
+    s = snap.stats
+    rss = rss_kib * 1024
+    t = Table(title=f"process {snap.pid} under Keel", title_justify="left", show_header=False)
+    t.add_column("figure", style="bold")
+    t.add_column("value", justify="right")
+    t.add_column("meaning")
+    frag = rss / s["allocated"] if s["allocated"] else 0.0
+    t.add_row("RSS", _mib(rss), "resident memory of the whole process (/proc)")
+    t.add_row("allocated", _mib(s["allocated"]), "live bytes the program holds")
+    t.add_row("active", _mib(s["active"]), "bytes in slabs/spans with live blocks")
+    t.add_row("cached", _mib(s["cached"]), "free blocks in thread/transfer caches")
+    t.add_row("committed", _mib(s["committed"]), "Keel's memory not returned to the OS")
+    t.add_row("mapped", _mib(s["mapped"]), "address space Keel has mapped")
+    t.add_row("fragmentation", f"{frag:.2f}", "RSS / allocated")
+    t.add_row("threads", f"{s['threads']} ({s['threads_total']} ever)", "threads with a cache")
+    purged = s["purged_bytes"]
+    rate = ""
+    if prev is not None and dt > 0:
+        rate = f"  (+{_mib((purged - prev.stats['purged_bytes']) / dt)}/s)"
+    t.add_row("purged", _mib(purged) + rate, f"returned to the OS in {s['purge_runs']} passes")
+    return t
+
+
+def _classes_table(snap: live.Snapshot, top: int):
+    from rich.table import Table
+    t = Table(title=f"busiest size classes (top {top} by bytes in use)", title_justify="left")
+    for col in ("block", "in use", "bytes in use", "cached", "slabs", "slab bytes", "util."):
+        t.add_column(col, justify="right")
+    busy = sorted((c for c in snap.classes if c.slabs or c.blocks_in_use),
+                  key=lambda c: c.blocks_in_use * c.block_size, reverse=True)[:top]
+    for c in busy:
+        t.add_row(f"{c.block_size} B", f"{c.blocks_in_use:,}", _mib(c.blocks_in_use * c.block_size),
+                  f"{c.blocks_cached:,}", f"{c.slabs:,}", _mib(c.slab_bytes),
+                  f"{100 * c.utilisation:.0f}%")
+    return t
+
+
+def cmd_stats(args) -> int:
+    try:
+        snap = live.read(args.pid)
+        rss = live.rss_kib(args.pid)
+    except live.LiveError as e:
+        print(f"keel: error: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"pid": snap.pid, "rss_bytes": rss * 1024, **snap.stats,
+                          "classes": [c.__dict__ for c in snap.classes if c.slabs or c.blocks_in_use]},
+                         indent=1))
+        return 0
+    from rich.console import Console
+    con = Console(highlight=False, width=120)
+    con.print(_summary_table(snap, rss, None, 0))
+    con.print(_classes_table(snap, args.classes))
+    return 0
+
+
+def cmd_top(args) -> int:
+    from rich.console import Console, Group
+    from rich.live import Live
+    con = Console(highlight=False, width=120)
+    prev, prev_t = None, 0.0
+
+    def frame():
+        nonlocal prev, prev_t
+        snap = live.read(args.pid)
+        now = time.monotonic()
+        g = Group(_summary_table(snap, live.rss_kib(args.pid), prev, now - prev_t if prev else 0),
+                  _classes_table(snap, args.classes))
+        prev, prev_t = snap, now
+        return g
+
+    try:
+        if args.count:  # a fixed number of frames, printed one after another (logs, notes)
+            for i in range(args.count):
+                if i:
+                    time.sleep(args.interval)
+                con.print(frame())
+            return 0
+        with Live(frame(), console=con, refresh_per_second=4, screen=False) as view:
+            while True:
+                time.sleep(args.interval)
+                view.update(frame())
+    except live.LiveError as e:
+        print(f"keel: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_purge(args) -> int:
+    try:
+        before = live.rss_kib(args.pid)
+        snap = live.purge(args.pid)
+        time.sleep(0.1)
+        after = live.rss_kib(args.pid)
+    except (live.LiveError, FileNotFoundError) as e:
+        print(f"keel: error: {e}", file=sys.stderr)
+        return 1
+    print(f"process {args.pid}: Keel returned {_mib(snap.purged_on_request)} to the OS; "
+          f"RSS {_mib(before * 1024)} -> {_mib(after * 1024)}")
+    return 0
+
+
+def cmd_profile(args) -> int:
+    try:
+        path = live.profile(args.pid)
+    except live.LiveError as e:
+        print(f"keel: error: {e}", file=sys.stderr)
+        return 1
+    print(path)
+    print(f"read it with: go tool pprof -top /proc/{args.pid}/exe {path}", file=sys.stderr)
+    return 0
+
+
+def add_parsers(sub, fmt) -> None:
+    st = sub.add_parser("stats", help="statistics of a running process under Keel")
+    st.add_argument("pid", type=int)
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--classes", type=int, default=10, help="size classes to show (default 10)")
+    st.set_defaults(func=cmd_stats)
+    tp = sub.add_parser("top", help="refreshing view of a running process under Keel")
+    tp.add_argument("pid", type=int)
+    tp.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    tp.add_argument("--count", type=int, default=0,
+                    help="print this many frames and exit (default: refresh until Ctrl-C)")
+    tp.add_argument("--classes", type=int, default=8)
+    tp.set_defaults(func=cmd_top)
+    pg = sub.add_parser("purge", help="ask a running process under Keel to return free memory now")
+    pg.add_argument("pid", type=int)
+    pg.set_defaults(func=cmd_purge)
+    pf = sub.add_parser("profile", help="write a heap profile of a running process (KEEL_PROFILE_RATE)")
+    pf.add_argument("pid", type=int)
+    pf.set_defaults(func=cmd_profile)

@@ -1,0 +1,182 @@
+"""keel stats / top / purge / profile against real processes running under Keel."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import keel
+
+HOG = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+/* Each function keeps a known amount of memory alive, then the program waits. */
+__attribute__((noinline)) void* grow_the_cache(int i) { return malloc(96 + i % 16); }
+__attribute__((noinline)) void* load_the_index(void) { return malloc(200000); }
+int main(int argc, char** argv) {
+  static void* keep[400000];
+  int k = 0;
+  for (int i = 0; i < 300000; i++) { keep[k] = grow_the_cache(i); memset(keep[k++], 1, 96); } /* ~31 MB */
+  for (int i = 0; i < 20; i++) { keep[k] = load_the_index(); memset(keep[k++], 2, 200000); }  /* 4 MB */
+  /* churn that leaves nothing behind: freed memory the purge can return */
+  for (int r = 0; r < 3; r++) {
+    void* tmp[2000];
+    for (int i = 0; i < 2000; i++) tmp[i] = malloc(5000);
+    for (int i = 0; i < 2000; i++) free(tmp[i]);
+  }
+  printf("ready %d\n", k);
+  fflush(stdout);
+  sleep(atoi(argv[1]));
+  return 0;
+}
+"""
+
+
+@pytest.fixture
+def hog(tmp_path, cc):
+    src = tmp_path / "hog.c"
+    src.write_text(HOG)
+    exe = tmp_path / "hog"
+    subprocess.run([cc, "-O1", "-g", "-fno-builtin", str(src), "-o", str(exe)], check=True)
+    return exe
+
+
+def start_under_keel(exe: Path, keel_path: str, extra_env: dict | None = None) -> subprocess.Popen:
+    env = dict(os.environ, LD_PRELOAD=keel_path, **(extra_env or {}))
+    p = subprocess.Popen([str(exe), "30"], stdout=subprocess.PIPE, text=True, env=env)
+    assert p.stdout.readline().startswith("ready")
+    time.sleep(1.5)  # Keel publishes its statistics after the first second
+    return p
+
+
+def stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def test_stats_json_and_top(hog, keel_path):
+    p = start_under_keel(hog, keel_path)
+    try:
+        r = keel("stats", str(p.pid), "--json", check=True)
+        s = json.loads(r.stdout)
+        assert s["pid"] == p.pid
+        # 300,000 blocks of 112 B and 20 of 256 KiB spans were allocated and kept.
+        assert 30e6 < s["allocated"] < 45e6, s["allocated"]
+        assert s["committed"] >= s["active"] >= s["allocated"] * 0.9
+        assert s["rss_bytes"] >= s["allocated"]
+        busiest = max(s["classes"], key=lambda c: c["blocks_in_use"] * c["block_size"])
+        assert busiest["block_size"] == 112  # requests of 97..111 B (96 B has its own class)
+        in_use = {c["block_size"]: c["blocks_in_use"] for c in s["classes"]}
+        assert in_use.get(96, 0) + in_use[112] >= 299000
+        t = keel("top", str(p.pid), "--count", "2", "--interval", "0.3", check=True)
+        assert t.stdout.count("busiest size classes") == 2 and "112 B" in t.stdout
+    finally:
+        stop(p)
+
+
+def test_purge_returns_memory(hog, keel_path):
+    # A long purge delay keeps the freed churn memory committed until asked.
+    p = start_under_keel(hog, keel_path, {"KEEL_PURGE_DELAY": "600000"})
+    try:
+        before = json.loads(keel("stats", str(p.pid), "--json", check=True).stdout)
+        r = keel("purge", str(p.pid), check=True)
+        assert "returned" in r.stdout
+        after = json.loads(keel("stats", str(p.pid), "--json", check=True).stdout)
+        assert after["purged_bytes"] > before["purged_bytes"]
+        assert after["committed"] < before["committed"]
+    finally:
+        stop(p)
+
+
+def test_profile_names_the_biggest_allocator(hog, keel_path, tmp_path):
+    go = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None)
+    if go is None:
+        pytest.skip("go is not installed (go tool pprof reads the profile)")
+    p = start_under_keel(hog, keel_path, {"KEEL_PROFILE_RATE": "256K",
+                                           "KEEL_PROFILE_PREFIX": str(tmp_path / "prof"),
+                                           "KEEL_PROFILE_AT_EXIT": "0"})
+    try:
+        r = keel("profile", str(p.pid), check=True)
+        path = r.stdout.strip()
+        assert Path(path).is_file() and path.startswith(str(tmp_path))
+        top = subprocess.run([go, "tool", "pprof", "-top", str(hog), path], capture_output=True,
+                             text=True, timeout=120, env=dict(os.environ, HOME=str(tmp_path)))
+        assert top.returncode == 0, top.stderr
+        lines = [l for l in top.stdout.splitlines() if l.strip().endswith(("grow_the_cache", "load_the_index"))]
+        assert lines and lines[0].strip().endswith("grow_the_cache"), top.stdout
+    finally:
+        stop(p)
+
+
+def test_profile_requires_profiling(hog, keel_path):
+    p = start_under_keel(hog, keel_path)
+    try:
+        r = keel("profile", str(p.pid))
+        assert r.returncode == 1 and "KEEL_PROFILE_RATE" in r.stderr
+    finally:
+        stop(p)
+
+
+def test_errors_are_clear(hog):
+    r = keel("stats", "999999")
+    assert r.returncode == 1 and "no process with PID 999999" in r.stderr
+    p = subprocess.Popen([str(hog), "30"], stdout=subprocess.PIPE, text=True)  # not under Keel
+    try:
+        p.stdout.readline()
+        r = keel("stats", str(p.pid))
+        assert r.returncode == 1 and "not running Keel" in r.stderr
+    finally:
+        stop(p)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_stats_match_redis_used_memory(keel_path):
+    """`keel stats PID` on a running Redis under Keel agrees with its INFO memory."""
+    server = shutil.which("redis-server")
+    if not server or not shutil.which("redis-cli"):
+        pytest.skip("redis-server/redis-cli not installed: apt-get install redis-server redis-tools")
+    port = free_port()
+    d = tempfile.mkdtemp(prefix="keel-live-redis.")
+    p = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                          "--appendonly", "no", "--dir", d],
+                         env=dict(os.environ, LD_PRELOAD=keel_path),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cli = ["redis-cli", "-p", str(port)]
+    try:
+        for _ in range(100):
+            if subprocess.run(cli + ["ping"], capture_output=True, text=True).stdout.strip() == "PONG":
+                break
+            time.sleep(0.1)
+        # About 60 MB of data.
+        subprocess.run(["redis-benchmark", "-p", str(port), "-t", "set", "-n", "200000",
+                        "-r", "200000", "-d", "200", "-P", "32", "-q"], check=True,
+                       capture_output=True, timeout=120)
+        time.sleep(1.5)
+        info = subprocess.run(cli + ["info", "memory"], capture_output=True, text=True).stdout
+        used = int(next(l.split(":")[1] for l in info.splitlines() if l.startswith("used_memory:")))
+        s = json.loads(keel("stats", str(p.pid), "--json", check=True).stdout)
+        # Redis counts used_memory with malloc_usable_size: the same blocks Keel counts.
+        assert abs(s["allocated"] - used) <= 0.05 * used, (s["allocated"], used)
+    finally:
+        stop(p)
+        shutil.rmtree(d, ignore_errors=True)
