@@ -159,7 +159,8 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls) {
   keel_bin_t* b = &t->bins[cls];
   if (b->head == NULL) {
     const keel_class_t* k = &_keel_classes[cls];
-    bin_grow(t, b, cls);
+    /* Take what the bin has room for now (a first refill takes one block), and grow it
+     * afterwards, so a thread that allocates once from a class holds only that block. */
     uint32_t want = b->max < k->batch ? b->max : k->batch;
     uint32_t got;
     void* list = _keel_central_take(cls, want, &got);
@@ -170,6 +171,7 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls) {
     t->refills++;
     b->head = list;
     b->avail -= got;
+    bin_grow(t, b, cls);
   }
   void** p = (void**)b->head;
   b->head = p[0];
