@@ -1,0 +1,1117 @@
+"""Starting and stopping real servers (redis-server, mariadbd, postgres, searchd) under
+an allocator, for the lab's suites.
+
+Every server here:
+  * runs with the allocator's environment (LD_PRELOAD) plus extra variables;
+  * listens on 127.0.0.1 only, on a free port (or the one asked for; a port in use is
+    a SuiteError that says so);
+  * keeps its files (data, socket, log) in a throw-away directory;
+  * is the real server process (Server.pid is mariadbd's / the postmaster's own pid,
+    never a wrapper's: wrappers exec, setuid is done by subprocess itself);
+  * is checked for the preloaded library in /proc/PID/maps once it answers;
+  * can be polled for "died mid-run" (check_alive raises SuiteError with its log tail);
+  * stops with stop(): its stop signal, SIGKILL after a timeout, leftover children
+    too; idempotent, safe in finally blocks; also a context manager.
+A module-level registry (live_servers) holds every started, not yet stopped server; an
+atexit hook stops whatever is left, and each server gets PR_SET_PDEATHSIG so it does
+not outlive a lab process that was SIGKILLed.
+
+Also here: free_port, RSS readers and RssSampler (a thread that samples a process's or a
+process tree's RSS every 100-250 ms into [t, kib] pairs), run_client (runs a load
+generator while watching the servers, so a server crash stops the run at once), and
+tiny clients for Redis (RESP) and for MySQL-protocol servers (SphinxQL).
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Optional, Sequence
+
+from .allocators import Allocator
+from .suites.base import SuiteError
+
+LOG_TAIL_LINES = 40
+
+# --------------------------------------------------------------------------------------
+# small helpers
+
+
+def which(binary: str, package: str, extra_dirs: Sequence[str] = ()) -> str:
+    """Full path of a program, or SuiteError telling which package installs it."""
+    if "/" in binary:
+        if os.access(binary, os.X_OK):
+            return binary
+    else:
+        path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin:/usr/bin:/bin"
+        for d in list(extra_dirs) + path.split(":"):
+            if d and os.access(os.path.join(d, binary), os.X_OK):
+                return os.path.join(d, binary)
+    raise SuiteError(f"{os.path.basename(binary)} not found: install it with "
+                     f"sudo apt-get install {package}")
+
+
+def pg_bindir() -> Optional[str]:
+    """Newest /usr/lib/postgresql/*/bin (or $PG_BINDIR)."""
+    if os.environ.get("PG_BINDIR"):
+        return os.environ["PG_BINDIR"]
+    cands = []
+    for p in Path("/usr/lib/postgresql").glob("*/bin"):
+        try:
+            cands.append((int(p.parent.name), str(p)))
+        except ValueError:
+            pass
+    return max(cands)[1] if cands else None
+
+
+def port_free(port: int) -> bool:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def free_port(port: Optional[int] = None) -> int:
+    """The requested port if it is free on 127.0.0.1 (SuiteError if not), else any free one."""
+    if port:
+        if not port_free(port):
+            raise SuiteError(f"port {port} on 127.0.0.1 is in use (another server is "
+                             f"listening there): pick another port or stop that server")
+        return port
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+    finally:
+        s.close()
+
+
+def pid_running(pid: int) -> bool:
+    """True while the process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            st = f.read().rsplit(")", 1)[1].split()[0]
+        return st not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def proc_status_kib(pid: int, field: str = "VmRSS") -> Optional[int]:
+    """A 'kB' field of /proc/PID/status (VmRSS, VmHWM, RssAnon, ...), None if gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return 0
+
+
+def rss_kib(pid: int) -> Optional[int]:
+    return proc_status_kib(pid, "VmRSS")
+
+
+def children(pid: int) -> list[int]:
+    """All descendants of a process (from /proc/PID/task/*/children)."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    kids = [int(x) for x in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            for k in kids:
+                if k not in out:
+                    out.append(k)
+                    todo.append(k)
+    return out
+
+
+def tree_kib(pid: int, field: str = "VmRSS") -> Optional[int]:
+    """Sum of a /proc/PID/status field over the process and all its descendants."""
+    own = proc_status_kib(pid, field)
+    if own is None:
+        return None
+    return own + sum(proc_status_kib(c, field) or 0 for c in children(pid))
+
+
+def smaps_rollup_kib(pid: int, field: str = "AnonHugePages") -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return 0
+
+
+def log_tail(path: Optional[Path], n: int = LOG_TAIL_LINES) -> str:
+    if not path:
+        return ""
+    try:
+        data = Path(path).read_bytes()[-65536:].decode("utf-8", "replace").replace("\r", "\n")
+    except OSError:
+        return f"(no log at {path})"
+    lines = [l for l in data.splitlines() if l.strip()][-n:]
+    if not lines:
+        return f"({path} is empty)"
+    return f"last {len(lines)} lines of {path}:\n" + "\n".join("  " + l for l in lines)
+
+
+def describe_status(rc: Optional[int]) -> str:
+    if rc is None:
+        return "unknown exit status"
+    if rc < 0:
+        try:
+            return f"killed by signal {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exit status {rc}"
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG = 1
+PR_SET_THP_DISABLE = 41
+
+
+def _pdeathsig() -> None:
+    # The server gets SIGTERM if the lab process dies without stopping it (e.g. SIGKILL).
+    # Linux sends it when the *thread* that started the child exits: start servers from
+    # a thread that outlives them (the suites run in the main thread).
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def thp_disable() -> None:
+    """prctl(PR_SET_THP_DISABLE, 1): no transparent huge pages for this process and
+    everything it forks/execs (inherited across fork and execve). Use as preexec_fn."""
+    if _libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_THP_DISABLE): {os.strerror(err)}")
+
+
+def linked_libc(binary: str) -> Optional[str]:
+    """The libc.so.6 a program loads (from ldd), None if unknown."""
+    try:
+        out = subprocess.run(["ldd", binary], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"libc\.so\.6 => (\S+)", out)
+    return os.path.realpath(m.group(1)) if m else None
+
+
+def linked_mallocs(binary: str) -> list[str]:
+    """Other allocators a program links itself (Debian's redis-server: libjemalloc)."""
+    try:
+        out = subprocess.run(["ldd", binary], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return sorted(set(re.findall(r"(lib(?:jemalloc|tcmalloc\w*|mimalloc)[\w.-]*\.so[\w.]*)", out)))
+
+
+# --------------------------------------------------------------------------------------
+# RSS sampling
+
+
+class RssSampler:
+    """Samples a value in KiB (default: VmRSS of pid; tree=True sums the process and its
+    descendants) every `interval` seconds in a thread. samples: [[t, kib], ...] with t in
+    seconds since start(). Use as a context manager or start()/stop()."""
+
+    def __init__(self, pid: Optional[int] = None, interval: float = 0.2, tree: bool = False,
+                 fn: Optional[Callable[[], Optional[int]]] = None, field: str = "VmRSS"):
+        if fn is None:
+            if pid is None:
+                raise ValueError("RssSampler needs a pid or a fn")
+            fn = (lambda: tree_kib(pid, field)) if tree else (lambda: proc_status_kib(pid, field))
+        self.fn = fn
+        self.interval = interval
+        self.samples: list[list[float]] = []
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.t0 = 0.0
+
+    def _sample(self) -> None:
+        try:
+            v = self.fn()
+        except Exception:  # a vanished process: no sample
+            v = None
+        if v is not None:
+            self.samples.append([round(time.monotonic() - self.t0, 3), int(v)])
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def start(self) -> "RssSampler":
+        self.t0 = time.monotonic()
+        self._sample()
+        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> "RssSampler":
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(5)
+            self._thread = None
+            self._sample()
+        return self
+
+    @property
+    def peak(self) -> Optional[int]:
+        return max((s[1] for s in self.samples), default=None)
+
+    @property
+    def last(self) -> Optional[int]:
+        return self.samples[-1][1] if self.samples else None
+
+    def __enter__(self) -> "RssSampler":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# --------------------------------------------------------------------------------------
+# servers
+
+_live: dict[int, "Server"] = {}
+_live_lock = threading.Lock()
+
+
+def live_servers() -> list["Server"]:
+    """Servers started and not yet stopped (by any suite in this process)."""
+    with _live_lock:
+        return list(_live.values())
+
+
+def stop_all() -> None:
+    for s in live_servers():
+        try:
+            s.stop(timeout=10)
+        except Exception:
+            pass
+
+
+atexit.register(stop_all)
+
+
+class Server:
+    """Base class. Subclasses set name/binary/package and implement _prepare, _argv,
+    _ready."""
+
+    name = "server"
+    binary = ""
+    package = ""
+    stop_signal = signal.SIGTERM
+    run_as: Optional[str] = None       # user to run the server as (postgres as root)
+
+    def __init__(self, allocator: Optional[Allocator] = None, *, workdir: Optional[Path] = None,
+                 port: Optional[int] = None, extra_env: Optional[dict] = None,
+                 startup_timeout: float = 60.0, stop_timeout: float = 30.0,
+                 preexec: Optional[Callable[[], None]] = None, args: Sequence[str] = (),
+                 verify_preload: bool = True):
+        self.allocator = allocator or Allocator("glibc", None)
+        self.requested_port = port
+        self.port = 0
+        self.extra_env = dict(extra_env or {})
+        self.startup_timeout = startup_timeout
+        self.stop_timeout = stop_timeout
+        self.preexec = preexec
+        self.extra_args = list(args)
+        self.verify_preload = verify_preload
+        self._own_dir = workdir is None
+        self._given_dir = Path(workdir) if workdir else None
+        self.dir: Optional[Path] = None
+        self.log_path: Optional[Path] = None
+        self.popen: Optional[subprocess.Popen] = None
+        self.pid: Optional[int] = None
+        self.returncode: Optional[int] = None
+        self.preload: Optional[str] = None        # what LD_PRELOAD holds
+        self.notes: list[str] = []
+        self._stopped = False
+        self._log_fh = None
+
+    # -- to override ---------------------------------------------------------------
+    def _prepare(self) -> None:
+        """Create data directories etc. (before the server starts)."""
+
+    def _argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def _ready(self) -> bool:
+        raise NotImplementedError
+
+    def _server_env_base(self) -> Optional[dict]:
+        return None  # os.environ
+
+    def binary_path(self) -> str:
+        """The server program (SuiteError naming the package if it is missing)."""
+        return which(self.binary, self.package)
+
+    # -- lifecycle -------------------------------------------------------------------
+    def _make_dir(self) -> Path:
+        if self._own_dir:
+            d = Path(tempfile.mkdtemp(prefix=f"keel-{self.name}-"))
+        else:
+            d = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=self._given_dir))
+        return d
+
+    def _choose_preload(self, binary: str) -> Optional[str]:
+        if self.allocator.path:
+            return self.allocator.path
+        # glibc asked for, but the program brings its own allocator (Debian's redis links
+        # libjemalloc): preloading libc.so.6 puts glibc's malloc first in the lookup order.
+        own = linked_mallocs(binary)
+        if own:
+            libc = linked_libc(binary)
+            if libc:
+                self.notes.append(f"{self.name} links {', '.join(own)} itself: 'glibc' means "
+                                  f"LD_PRELOAD={libc}, which makes malloc/free resolve to glibc")
+                return libc
+        return None
+
+    def env(self) -> dict:
+        env = self.allocator.env(self._server_env_base())
+        env.pop("LD_PRELOAD", None)
+        if self.preload:
+            env["LD_PRELOAD"] = self.preload
+        env.update(self.extra_env)
+        return env
+
+    def _preexec(self) -> None:
+        _pdeathsig()
+        if self.preexec is not None:
+            self.preexec()
+
+    def start(self) -> "Server":
+        if self.popen is not None:
+            raise RuntimeError(f"{self.name} already started")
+        binary = self.binary_path()
+        self.port = free_port(self.requested_port)
+        self.dir = self._make_dir()
+        self.log_path = self.dir / f"{self.name}.log"
+        try:
+            self.preload = self._choose_preload(binary)
+            self._prepare()
+            argv = self._argv()
+            self._log_fh = open(self.log_path, "ab")
+            kw: dict = {}
+            if self.run_as:
+                pw = pwd.getpwnam(self.run_as)
+                kw = dict(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
+            self.popen = subprocess.Popen(
+                argv, env=self.env(), stdin=subprocess.DEVNULL, stdout=self._log_fh,
+                stderr=subprocess.STDOUT, cwd=str(self.dir), start_new_session=True,
+                preexec_fn=self._preexec, **kw)
+            self.pid = self.popen.pid
+            with _live_lock:
+                _live[self.pid] = self
+            self._wait_ready()
+            self._check_preload()
+        except BaseException:
+            self.stop(timeout=10)
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            if not self.alive():
+                raise SuiteError(self.died_message("start-up"))
+            try:
+                if self._ready():
+                    return
+            except (OSError, SuiteError, subprocess.SubprocessError):
+                pass
+            if time.monotonic() > deadline:
+                raise SuiteError(f"{self.name} (pid {self.pid}) not ready after "
+                                 f"{self.startup_timeout:.0f}s\n{log_tail(self.log_path)}")
+            time.sleep(0.2)
+
+    def _check_preload(self) -> None:
+        if not (self.verify_preload and self.allocator.path):
+            return
+        lib = os.path.realpath(self.preload or self.allocator.path)
+        try:
+            maps = Path(f"/proc/{self.pid}/maps").read_text()
+        except OSError as e:
+            raise SuiteError(f"cannot read /proc/{self.pid}/maps of {self.name}: {e}")
+        if lib not in maps:
+            libs = sorted({l.split()[-1] for l in maps.splitlines()
+                           if ".so" in l.split()[-1]})
+            raise SuiteError(
+                f"the allocator did not load: /proc/{self.pid}/maps of {self.name} does not "
+                f"contain {lib} (LD_PRELOAD={self.preload}). Mapped libraries: "
+                f"{', '.join(os.path.basename(x) for x in libs)}\n{log_tail(self.log_path)}")
+
+    def alive(self) -> bool:
+        if self.popen is None:
+            return False
+        rc = self.popen.poll()
+        if rc is not None:
+            self.returncode = rc
+            return False
+        return True
+
+    def check_alive(self, during: str = "the run") -> None:
+        """SuiteError with the log tail if the server is gone."""
+        if self._stopped:
+            raise SuiteError(f"{self.name} was already stopped before {during}")
+        if not self.alive():
+            raise SuiteError(self.died_message(during))
+
+    def died_message(self, during: str = "the run") -> str:
+        return (f"{self.name} (pid {self.pid}) died during {during}, "
+                f"{describe_status(self.returncode)}\n{log_tail(self.log_path)}")
+
+    def rss_kib(self) -> Optional[int]:
+        return rss_kib(self.pid) if self.pid else None
+
+    def tree_rss_kib(self, field: str = "VmRSS") -> Optional[int]:
+        return tree_kib(self.pid, field) if self.pid else None
+
+    def sampler(self, interval: float = 0.2, tree: bool = False, field: str = "VmRSS") -> RssSampler:
+        return RssSampler(self.pid, interval=interval, tree=tree, field=field)
+
+    def stop(self, timeout: Optional[float] = None) -> Optional[int]:
+        """Stop signal, then SIGKILL after `timeout`; then leftover descendants.
+        Idempotent. Returns the exit status (negative: killed by that signal)."""
+        if self._stopped:
+            return self.returncode
+        self._stopped = True
+        timeout = self.stop_timeout if timeout is None else timeout
+        try:
+            if self.popen is not None:
+                kids = children(self.pid)
+                if self.popen.poll() is None:
+                    try:
+                        self.popen.send_signal(self.stop_signal)
+                    except ProcessLookupError:
+                        pass
+                    try:
+                        self.popen.wait(timeout)
+                    except subprocess.TimeoutExpired:
+                        kids += [k for k in children(self.pid) if k not in kids]
+                        try:
+                            self.popen.kill()
+                        except ProcessLookupError:
+                            pass
+                        self.popen.wait(30)
+                self.returncode = self.popen.returncode
+                _reap_leftovers(kids)
+        finally:
+            with _live_lock:
+                if self.pid is not None:
+                    _live.pop(self.pid, None)
+            if self._log_fh is not None:
+                self._log_fh.close()
+                self._log_fh = None
+            self._cleanup()
+            if self._own_dir and self.dir is not None:
+                shutil.rmtree(self.dir, ignore_errors=True)
+        return self.returncode
+
+    def _cleanup(self) -> None:
+        """Subclass hook, after the process is gone and before the dir is removed."""
+
+    def __enter__(self) -> "Server":
+        if self.popen is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} pid={self.pid} port={self.port} alloc={self.allocator.name}>"
+
+
+def _reap_leftovers(pids: Iterable[int]) -> None:
+    """Children of a stopped server (postgres backends) must not outlive it: a moment
+    to exit by themselves, then SIGTERM, then SIGKILL. Only pids we saw as its children."""
+    pids = [p for p in pids if pid_running(p)]
+    for sig in (None, signal.SIGTERM, signal.SIGKILL):
+        if not pids:
+            return
+        if sig is not None:
+            for p in pids:
+                try:
+                    os.kill(p, sig)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 5
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pids = [p for p in pids if pid_running(p)]
+
+
+# ---- Redis ---------------------------------------------------------------------------
+
+
+class RedisClient:
+    """Minimal RESP client: command() and pipeline()."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 30.0):
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.f = self.sock.makefile("rb")
+
+    @staticmethod
+    def encode(*args) -> bytes:
+        out = [b"*%d\r\n" % len(args)]
+        for a in args:
+            a = a if isinstance(a, bytes) else str(a).encode()
+            out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+        return b"".join(out)
+
+    def _reply(self):
+        line = self.f.readline()
+        if not line:
+            raise ConnectionError("redis closed the connection")
+        t, rest = line[:1], line[1:-2]
+        if t == b"+":
+            return rest.decode()
+        if t == b"-":
+            return RedisReplyError(rest.decode())
+        if t == b":":
+            return int(rest)
+        if t == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            data = self.f.read(n + 2)
+            return data[:-2]
+        if t == b"*":
+            n = int(rest)
+            return None if n < 0 else [self._reply() for _ in range(n)]
+        raise ConnectionError(f"bad RESP reply {line!r}")
+
+    def command(self, *args):
+        self.sock.sendall(self.encode(*args))
+        r = self._reply()
+        if isinstance(r, RedisReplyError):
+            raise r
+        return r
+
+    def pipeline(self, commands: Iterable[Sequence], batch: int = 1000) -> int:
+        """Sends commands in batches, reading the replies; returns the number of errors."""
+        errors = 0
+        buf: list[bytes] = []
+
+        def flush():
+            nonlocal errors
+            self.sock.sendall(b"".join(buf))
+            for _ in range(len(buf)):
+                if isinstance(self._reply(), RedisReplyError):
+                    errors += 1
+            buf.clear()
+
+        for c in commands:
+            buf.append(self.encode(*c))
+            if len(buf) >= batch:
+                flush()
+        if buf:
+            flush()
+        return errors
+
+    def info(self, section: str = "memory") -> dict:
+        text = self.command("INFO", section).decode()
+        out = {}
+        for line in text.splitlines():
+            if ":" in line and not line.startswith("#"):
+                k, v = line.split(":", 1)
+                out[k] = v.strip()
+        return out
+
+    def close(self) -> None:
+        try:
+            self.f.close()
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self) -> "RedisClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class RedisReplyError(Exception):
+    pass
+
+
+class RedisServer(Server):
+    name = "redis-server"
+    binary = "redis-server"
+    package = "redis-server"
+
+    def _argv(self) -> list[str]:
+        data = self.dir / "data"
+        data.mkdir(exist_ok=True)
+        return [self.binary_path(), "--bind", "127.0.0.1", "--port", str(self.port),
+                "--protected-mode", "yes", "--save", "", "--appendonly", "no",
+                "--dir", str(data), "--daemonize", "no", "--supervised", "no",
+                "--logfile", "", "--loglevel", "notice", *self.extra_args]
+
+    def _ready(self) -> bool:
+        with RedisClient(self.port, timeout=2) as c:
+            return c.command("PING") == "PONG"
+
+    def client(self, timeout: float = 60.0) -> RedisClient:
+        return RedisClient(self.port, timeout=timeout)
+
+
+# ---- MariaDB -------------------------------------------------------------------------
+
+
+class MariaDBServer(Server):
+    name = "mariadbd"
+    binary = "mariadbd"
+    package = "mariadb-server"
+
+    def __init__(self, *a, buffer_pool: str = "128M", max_connections: int = 300, **kw):
+        kw.setdefault("startup_timeout", 120.0)
+        super().__init__(*a, **kw)
+        self.buffer_pool = buffer_pool
+        self.max_connections = max_connections
+
+    @property
+    def socket_path(self) -> str:
+        return str(self.dir / "mariadb.sock")
+
+    def _user_opt(self) -> list[str]:
+        return ["--user=root"] if os.geteuid() == 0 else []
+
+    def _prepare(self) -> None:
+        install = which("mariadb-install-db", "mariadb-server")
+        which("mariadb", "mariadb-client")
+        data = self.dir / "data"
+        log = self.dir / "install-db.log"
+        with open(log, "wb") as fh:
+            try:
+                r = subprocess.run(
+                    [install, "--no-defaults", *self._user_opt(), f"--datadir={data}",
+                     "--auth-root-authentication-method=normal", "--skip-test-db",
+                     f"--innodb-buffer-pool-size={self.buffer_pool}", "--innodb-log-file-size=64M"],
+                    stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, timeout=180,
+                    cwd=str(self.dir), preexec_fn=_pdeathsig)
+            except subprocess.TimeoutExpired:
+                raise SuiteError(f"mariadb-install-db timed out after 180s\n{log_tail(log)}")
+        if r.returncode != 0:
+            raise SuiteError(f"mariadb-install-db failed ({describe_status(r.returncode)})\n"
+                             f"{log_tail(log)}")
+
+    def _argv(self) -> list[str]:
+        d = self.dir
+        return [self.binary_path(), "--no-defaults", *self._user_opt(),
+                f"--datadir={d / 'data'}", f"--tmpdir={d}", f"--socket={self.socket_path}",
+                f"--port={self.port}", "--bind-address=127.0.0.1", f"--pid-file={d / 'mariadbd.pid'}",
+                "--skip-name-resolve", f"--innodb-buffer-pool-size={self.buffer_pool}",
+                "--innodb-log-file-size=64M", "--innodb-flush-log-at-trx-commit=0",
+                "--innodb-doublewrite=0", "--skip-log-bin",
+                f"--max-connections={self.max_connections}", "--performance-schema=OFF",
+                *self.extra_args]
+
+    def sql(self, query: str, timeout: float = 60.0) -> str:
+        r = subprocess.run([which("mariadb", "mariadb-client"), "--no-defaults", "--protocol=socket",
+                            "-S", self.socket_path, "-u", "root", "-N", "-B", "-e", query],
+                           capture_output=True, text=True, timeout=timeout)
+        if r.returncode != 0:
+            raise SuiteError(f"mariadb client: {query[:80]!r} failed: {r.stderr.strip()}")
+        return r.stdout.strip()
+
+    def _ready(self) -> bool:
+        return self.sql("SELECT 1", timeout=10) == "1"
+
+
+# ---- PostgreSQL ----------------------------------------------------------------------
+
+
+class PostgresServer(Server):
+    """initdb + postgres. As root, runs as the `postgres` user (initdb refuses root); the
+    pid is the postmaster's. RSS of the server = the postmaster and its backends
+    (tree_rss_kib). Stops with SIGINT (fast shutdown: clients are disconnected)."""
+
+    name = "postgres"
+    binary = "postgres"
+    package = "postgresql"
+    stop_signal = signal.SIGINT
+
+    def __init__(self, *a, shared_buffers: str = "128MB", max_connections: int = 100,
+                 settings: Optional[dict] = None, **kw):
+        kw.setdefault("startup_timeout", 90.0)
+        super().__init__(*a, **kw)
+        self.shared_buffers = shared_buffers
+        self.max_connections = max_connections
+        self.settings = dict(settings or {})
+        self.bindir = pg_bindir()
+        if os.geteuid() == 0:
+            self.run_as = "postgres"
+        self.dbuser = self.run_as or pwd.getpwuid(os.geteuid()).pw_name
+
+    def _make_dir(self) -> Path:
+        # The server user must reach the directory: our own dir in the system tmp
+        # (a given workdir may be 0700 root), always removed on stop.
+        self._own_dir = True
+        d = Path(tempfile.mkdtemp(prefix="keel-postgres-"))
+        os.chmod(d, 0o755)
+        return d
+
+    def _pg(self, prog: str) -> str:
+        if not self.bindir:
+            raise SuiteError("postgres not found: install it with sudo apt-get install postgresql")
+        return which(os.path.join(self.bindir, prog), "postgresql")
+
+    def _server_env_base(self) -> Optional[dict]:
+        if self.run_as:
+            return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(self.dir)}
+        return None
+
+    def binary_path(self) -> str:
+        return self._pg("postgres")
+
+    def _prepare(self) -> None:
+        initdb = self._pg("initdb")
+        self._pg("psql")
+        kw: dict = {}
+        if self.run_as:
+            try:
+                pw = pwd.getpwnam(self.run_as)
+            except KeyError:
+                raise SuiteError("running as root, but there is no 'postgres' user to run the "
+                                 "server as (sudo apt-get install postgresql creates it)")
+            kw = dict(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
+            for p in (self.dir, *self.dir.rglob("*")):
+                os.chown(p, pw.pw_uid, pw.pw_gid)
+            if self.preload and subprocess.run(["test", "-r", self.preload], **kw).returncode != 0:
+                libdir = self.dir / "lib"
+                libdir.mkdir()
+                shutil.copy2(self.preload, libdir)
+                self.preload = str(libdir / os.path.basename(self.preload))
+                os.chmod(libdir, 0o755)
+                os.chmod(self.preload, 0o644)
+                self.notes.append(f"user {self.run_as} cannot read the allocator library: "
+                                  f"using a copy, {self.preload}")
+        self.sockdir = self.dir / "sock"
+        self.sockdir.mkdir()
+        if self.run_as:
+            os.chown(self.sockdir, kw["user"], kw["group"])
+        log = self.dir / "initdb.log"
+        base = self._server_env_base()
+        env = dict(os.environ if base is None else base)
+        env.pop("LD_PRELOAD", None)
+        with open(log, "wb") as fh:
+            try:
+                r = subprocess.run([initdb, "-D", str(self.dir / "data"), "-U", self.dbuser, "-A",
+                                    "trust", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync"],
+                                   env=env, stdin=subprocess.DEVNULL, stdout=fh,
+                                   stderr=subprocess.STDOUT, timeout=180, cwd=str(self.dir),
+                                   preexec_fn=_pdeathsig, **kw)
+            except subprocess.TimeoutExpired:
+                raise SuiteError(f"initdb timed out after 180s\n{log_tail(log)}")
+        if r.returncode != 0:
+            raise SuiteError(f"initdb failed ({describe_status(r.returncode)})\n{log_tail(log)}")
+
+    def _argv(self) -> list[str]:
+        settings = {"listen_addresses": "127.0.0.1", "shared_buffers": self.shared_buffers,
+                    "max_connections": str(self.max_connections), "fsync": "off",
+                    "synchronous_commit": "off", "full_page_writes": "off",
+                    "logging_collector": "off", "log_min_messages": "warning",
+                    "work_mem": "8MB", "maintenance_work_mem": "64MB"}
+        settings.update(self.settings)
+        argv = [self.binary_path(), "-D", str(self.dir / "data"), "-k", str(self.sockdir),
+                "-p", str(self.port)]
+        for k, v in settings.items():
+            argv += ["-c", f"{k}={v}"]
+        return argv + self.extra_args
+
+    def psql(self, query: str, db: str = "postgres", timeout: float = 120.0) -> str:
+        r = subprocess.run([self._pg("psql"), "-X", "-q", "-h", "127.0.0.1", "-p", str(self.port),
+                            "-U", self.dbuser, "-d", db, "-At", "-v", "ON_ERROR_STOP=1", "-c", query],
+                           capture_output=True, text=True, timeout=timeout)
+        if r.returncode != 0:
+            raise SuiteError(f"psql: {query[:80]!r} failed: {r.stderr.strip()}")
+        return r.stdout.strip()
+
+    def _ready(self) -> bool:
+        return self.psql("SELECT 1", timeout=10) == "1"
+
+
+# ---- Sphinx searchd ------------------------------------------------------------------
+
+
+class SphinxServer(Server):
+    """Sphinx searchd (Debian's sphinxsearch 2.2) in the foreground (--nodetach, watchdog
+    off, so the pid is searchd's own), SphinxQL on 127.0.0.1:port. The caller gives the
+    index section(s) of the config and where the index files are."""
+
+    name = "searchd"
+    binary = "searchd"
+    package = "sphinxsearch"
+
+    def __init__(self, *a, index_conf: str = "", ready_query: str = "SHOW STATUS", **kw):
+        super().__init__(*a, **kw)
+        self.index_conf = index_conf
+        self.ready_query = ready_query      # e.g. a query on the index: ready = index loaded
+
+    def _prepare(self) -> None:
+        d = self.dir
+        self.conf_path = d / "sphinx.conf"
+        self.conf_path.write_text(f"""{self.index_conf}
+searchd
+{{
+    listen = 127.0.0.1:{self.port}:mysql41
+    log = {d / 'searchd-own.log'}
+    query_log = {d / 'query.log'}
+    pid_file = {d / 'searchd.pid'}
+    binlog_path =
+    workers = threads
+    watchdog = 0
+    read_timeout = 30
+    client_timeout = 60
+    max_children = 0
+    seamless_rotate = 0
+    preopen_indexes = 1
+    unlink_old = 1
+}}
+""")
+
+    def _argv(self) -> list[str]:
+        return [self.binary_path(), "--config", str(self.conf_path), "--nodetach",
+                *self.extra_args]
+
+    def _ready(self) -> bool:
+        with MySQLMini(self.port, timeout=5) as c:
+            c.query(self.ready_query)
+        return True
+
+    def log_text(self) -> str:
+        out = ""
+        for p in (self.log_path, self.dir / "searchd-own.log"):
+            try:
+                out += Path(p).read_text(errors="replace")
+            except OSError:
+                pass
+        return out
+
+    def died_message(self, during: str = "the run") -> str:
+        own = log_tail(self.dir / "searchd-own.log") if self.dir else ""
+        return super().died_message(during) + ("\n" + own if own else "")
+
+
+class MySQLError(Exception):
+    pass
+
+
+class MySQLMini:
+    """Just enough of the MySQL client protocol for SphinxQL: handshake without a
+    password, COM_QUERY, text result sets (rows as lists of str/None)."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 30.0,
+                 user: str = "keel"):
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.f = self.sock.makefile("rb")
+        self._read_packet()                          # server greeting
+        caps = 0x0001 | 0x0200 | 0x8000               # long password, protocol 41, secure conn.
+        payload = (struct.pack("<IIB", caps, 1 << 24, 33) + b"\0" * 23 + user.encode() + b"\0"
+                   + b"\0")
+        self._send(payload, 1)
+        p = self._read_packet()
+        if p[:1] == b"\xff":
+            raise MySQLError(self._err(p))
+
+    def _send(self, payload: bytes, seq: int) -> None:
+        self.sock.sendall(struct.pack("<I", len(payload))[:3] + bytes([seq & 0xFF]) + payload)
+
+    def _read_packet(self) -> bytes:
+        hdr = self.f.read(4)
+        if len(hdr) < 4:
+            raise ConnectionError("server closed the connection")
+        n = hdr[0] | hdr[1] << 8 | hdr[2] << 16
+        data = self.f.read(n)
+        if len(data) < n:
+            raise ConnectionError("server closed the connection")
+        return data
+
+    @staticmethod
+    def _err(p: bytes) -> str:
+        msg = p[3:]
+        if msg[:1] == b"#":
+            msg = msg[6:]
+        return msg.decode("utf-8", "replace")
+
+    @staticmethod
+    def _lenenc(p: bytes, i: int) -> tuple[Optional[int], int]:
+        c = p[i]
+        if c < 0xFB:
+            return c, i + 1
+        if c == 0xFB:
+            return None, i + 1
+        if c == 0xFC:
+            return p[i + 1] | p[i + 2] << 8, i + 3
+        if c == 0xFD:
+            return p[i + 1] | p[i + 2] << 8 | p[i + 3] << 16, i + 4
+        return struct.unpack_from("<Q", p, i + 1)[0], i + 9
+
+    def query(self, sql: str) -> list[list[Optional[str]]]:
+        self._send(b"\x03" + sql.encode(), 0)
+        p = self._read_packet()
+        if p[:1] == b"\xff":
+            raise MySQLError(self._err(p))
+        if p[:1] == b"\x00":
+            return []
+        ncols, _ = self._lenenc(p, 0)
+        for _ in range(ncols or 0):
+            self._read_packet()
+        p = self._read_packet()                      # EOF after the column definitions
+        if not (p[:1] == b"\xfe" and len(p) < 9):
+            raise MySQLError("protocol: expected EOF after column definitions")
+        rows = []
+        while True:
+            p = self._read_packet()
+            if p[:1] == b"\xfe" and len(p) < 9:
+                return rows
+            if p[:1] == b"\xff":
+                raise MySQLError(self._err(p))
+            row, i = [], 0
+            while i < len(p):
+                n, i = self._lenenc(p, i)
+                if n is None:
+                    row.append(None)
+                else:
+                    row.append(p[i:i + n].decode("utf-8", "replace"))
+                    i += n
+            rows.append(row)
+
+    def close(self) -> None:
+        try:
+            self._send(b"\x01", 0)                   # COM_QUIT
+        except OSError:
+            pass
+        try:
+            self.f.close()
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self) -> "MySQLMini":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------------------
+# load generators
+
+
+def run_client(argv: Sequence[str], *, servers: Sequence[Server] = (), timeout: float = 600.0,
+               out_path: Optional[Path] = None, env: Optional[dict] = None, what: str = "",
+               check: bool = True, stdin_path: Optional[Path] = None,
+               user: Optional[str] = None) -> str:
+    """Runs a client program (redis-benchmark, sysbench, pgbench...) to the end and
+    returns its output (stdout+stderr). Meanwhile polls the servers: if one dies the
+    client is killed and SuiteError names the server and shows its log tail. The client
+    is killed on timeout, on exceptions and on KeyboardInterrupt too."""
+    what = what or os.path.basename(argv[0])
+    own_out = out_path is None
+    if own_out:
+        fd, name = tempfile.mkstemp(prefix="keel-client-", suffix=".out")
+        os.close(fd)
+        out_path = Path(name)
+    proc = None
+    try:
+        with open(out_path, "wb") as out, \
+                (open(stdin_path, "rb") if stdin_path else open(os.devnull, "rb")) as inp:
+            kw: dict = {}
+            if user:
+                pw = pwd.getpwnam(user)
+                kw = dict(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
+            try:
+                proc = subprocess.Popen(list(argv), stdin=inp, stdout=out, stderr=subprocess.STDOUT,
+                                        env=env, start_new_session=True, preexec_fn=_pdeathsig, **kw)
+            except FileNotFoundError:
+                raise SuiteError(f"{argv[0]} not found")
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    rc = proc.wait(0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                for s in servers:
+                    if not s.alive():
+                        _kill(proc)
+                        raise SuiteError(s.died_message(f"{what}"))
+                if time.monotonic() > deadline:
+                    _kill(proc)
+                    raise SuiteError(f"{what} did not finish within {timeout:.0f}s\n"
+                                     f"{log_tail(out_path, 20)}")
+        text = Path(out_path).read_text(errors="replace")
+        for s in servers:
+            if not s.alive():
+                raise SuiteError(s.died_message(what))
+        if check and rc != 0:
+            raise SuiteError(f"{what} failed ({describe_status(rc)}): {' '.join(argv)}\n"
+                             f"{log_tail(out_path, 30)}")
+        return text
+    finally:
+        if proc is not None and proc.poll() is None:
+            _kill(proc)
+        if own_out:
+            try:
+                os.unlink(out_path)
+            except OSError:
+                pass
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        proc.terminate()
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+    except ProcessLookupError:
+        pass
+
+
+def sleep_watching(seconds: float, servers: Sequence[Server], during: str = "idle") -> None:
+    """Sleeps, checking every 0.2 s that the servers are still alive."""
+    end = time.monotonic() + seconds
+    while True:
+        for s in servers:
+            s.check_alive(during)
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(0.2, left))

@@ -1,0 +1,140 @@
+"""MariaDB under sysbench: oltp_read_only across a thread sweep (one server thread per
+connection, so many threads means many per-thread allocator caches), then oltp_insert."""
+from __future__ import annotations
+
+import re
+
+# servers is imported as a module, names looked up at run time: keel_lab.servers
+# imports keel_lab.suites (for SuiteError), which imports this module.
+from .. import servers as sv
+from .base import Suite, SuiteContext, SuiteError
+from .redis import geomean, opt_float, opt_list, opt_env, size_mode
+
+
+def parse_sysbench(text: str) -> dict:
+    """TPS, latency (ms) and error counts from sysbench 1.0's final report."""
+    out: dict = {}
+    m = re.search(r"transactions:\s+(\d+)\s+\(([\d.]+) per sec", text)
+    if m:
+        out["transactions"] = int(m.group(1))
+        out["tps"] = float(m.group(2))
+    m = re.search(r"queries:\s+(\d+)\s+\(([\d.]+) per sec", text)
+    if m:
+        out["qps"] = float(m.group(2))
+    for key, pat in (("errors", r"ignored errors:\s+(\d+)"), ("reconnects", r"reconnects:\s+(\d+)")):
+        m = re.search(pat, text)
+        if m:
+            out[key] = int(m.group(1))
+    lat = text.split("Latency (ms):", 1)
+    if len(lat) == 2:
+        for key, pat in (("min_ms", r"min:\s+([\d.]+)"), ("mean_ms", r"avg:\s+([\d.]+)"),
+                         ("max_ms", r"max:\s+([\d.]+)"),
+                         ("p95_ms", r"95th percentile:\s+([\d.]+)")):
+            m = re.search(pat, lat[1])
+            if m:
+                out[key] = float(m.group(1))
+    return out
+
+
+class MariaDB(Suite):
+    """One mariadbd (fresh datadir from mariadb-install-db), one sysbench prepare, then
+    oltp_read_only at each thread count (points: x = threads) and oltp_insert.
+    Options (--set mariadb.KEY=VALUE): threads=1,8,64, seconds, extra_env, tiny."""
+
+    name = "mariadb"
+    description = ("MariaDB (mariadbd) under sysbench oltp_read_only across 1-256 threads, "
+                   "and oltp_insert: TPS, p95 latency, server RSS")
+    needs_packages = ("mariadb-server", "mariadb-client", "sysbench")
+
+    SIZES = {
+        # tables, rows per table, read-only thread sweep, seconds per point,
+        # insert threads, insert seconds, buffer pool
+        "full": (4, 100_000, (1, 2, 4, 8, 16, 32, 64, 128, 256), 30, 16, 60, "256M"),
+        "quick": (2, 10_000, (1, 8, 64, 256), 5, 8, 5, "128M"),
+        "tiny": (1, 2_000, (4,), 3, 4, 2, "64M"),
+    }
+
+    def check(self, ctx: SuiteContext) -> None:
+        sv.which(sv.MariaDBServer.binary, sv.MariaDBServer.package)
+        sv.which("mariadb-install-db", "mariadb-server")
+        sv.which("mariadb", "mariadb-client")
+        sv.which("sysbench", "sysbench")
+
+    def run(self, ctx: SuiteContext) -> dict:
+        self.check(ctx)
+        mode = size_mode(ctx)
+        tables, rows, sweep, secs, ins_threads, ins_secs, pool = self.SIZES[mode]
+        sweep = opt_list(ctx, "threads", sweep)
+        secs = int(opt_float(ctx, "seconds", secs))
+        result: dict = {"metrics": {}, "points": [], "x_label": "threads", "notes": []}
+        m = result["metrics"]
+        srv = sv.MariaDBServer(ctx.allocator, workdir=ctx.workdir, buffer_pool=pool,
+                               max_connections=max(sweep) + 44, extra_env=opt_env(ctx))
+        try:
+            ctx.progress("mariadb-install-db and start", 0.0)
+            srv.start()
+            result["notes"] += srv.notes
+            srv.sql("CREATE DATABASE sbtest; "
+                    "CREATE USER 'sbtest'@'127.0.0.1' IDENTIFIED BY 'sbtest'; "
+                    "GRANT ALL PRIVILEGES ON sbtest.* TO 'sbtest'@'127.0.0.1';")
+            sb = [sv.which("sysbench", "sysbench"), "--db-driver=mysql", "--mysql-host=127.0.0.1",
+                  f"--mysql-port={srv.port}", "--mysql-user=sbtest", "--mysql-password=sbtest",
+                  "--mysql-db=sbtest", f"--tables={tables}", f"--table-size={rows}"]
+            ctx.progress(f"sysbench prepare ({tables} x {rows} rows)", 0.05)
+            sv.run_client([sb[0], "oltp_read_only", *sb[1:], f"--threads={min(tables, 4)}", "prepare"],
+                          servers=[srv], timeout=1800, what="sysbench prepare")
+            m["rss_after_prepare_kib"] = srv.rss_kib()
+
+            total = len(sweep) + 1
+            with sv.RssSampler(srv.pid, interval=0.25) as whole:
+                for i, threads in enumerate(sweep):
+                    ctx.progress(f"oltp_read_only, {threads} threads, {secs}s", 0.1 + 0.9 * i / total)
+                    with sv.RssSampler(srv.pid, interval=0.2) as samp:
+                        res = self._run(srv, [sb[0], "oltp_read_only", *sb[1:]], threads, secs,
+                                        f"sysbench oltp_read_only --threads={threads}")
+                    point = {"x": threads, "throughput": res.get("tps"), "p95_ms": res.get("p95_ms"),
+                             "mean_ms": res.get("mean_ms"), "rss_kib": srv.rss_kib(),
+                             "rss_peak_kib": samp.peak}
+                    result["points"].append(point)
+                    m[f"ro_tps_t{threads}"] = res.get("tps")
+                    m[f"ro_p95_ms_t{threads}"] = res.get("p95_ms")
+                    m[f"ro_rss_kib_t{threads}"] = point["rss_kib"]
+
+                ctx.progress(f"oltp_insert, {ins_threads} threads, {ins_secs}s", 0.1 + 0.9 * len(sweep) / total)
+                res = self._run(srv, [sb[0], "oltp_insert", *sb[1:]], ins_threads, ins_secs,
+                                f"sysbench oltp_insert --threads={ins_threads}")
+                m["insert_tps"] = res.get("tps")
+                m["insert_p95_ms"] = res.get("p95_ms")
+                m["insert_mean_ms"] = res.get("mean_ms")
+            srv.check_alive("the run")
+            tps = [p["throughput"] for p in result["points"]]
+            m["throughput"] = geomean(tps)
+            m["p95_ms"] = geomean([p["p95_ms"] for p in result["points"]])
+            m["mean_ms"] = geomean([p["mean_ms"] for p in result["points"]])
+            m["rss_peak_kib"] = whole.peak
+            m["rss_final_kib"] = whole.last
+            result["series"] = {"rss_kib": whole.samples}
+            result["notes"].append(
+                f"size {mode}: {tables} tables x {rows} rows, oltp_read_only at "
+                f"{', '.join(map(str, sweep))} threads for {secs}s each (one server start, one "
+                f"prepare), then oltp_insert with {ins_threads} threads for {ins_secs}s; "
+                f"innodb_buffer_pool_size={pool}, no binlog, flush_log_at_trx_commit=0. "
+                "throughput / p95_ms / mean_ms are geometric means over the read-only sweep; "
+                "points: rss_kib after each point, rss_peak_kib during it.")
+        finally:
+            srv.stop(timeout=60)
+        return result
+
+    @staticmethod
+    def _run(srv: sv.MariaDBServer, argv: list[str], threads: int, secs: int, what: str) -> dict:
+        out = sv.run_client([*argv, f"--threads={threads}", f"--time={secs}", "--percentile=95",
+                          "--report-interval=0", "run"],
+                         servers=[srv], timeout=secs + 300, what=what)
+        res = parse_sysbench(out)
+        if "tps" not in res:
+            raise SuiteError(f"{what}: no transactions in sysbench's output:\n{out[-2000:]}")
+        if res.get("reconnects"):
+            raise SuiteError(f"{what}: {res['reconnects']} reconnects (did mariadbd restart?)")
+        return res
+
+

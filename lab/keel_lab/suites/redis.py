@@ -1,0 +1,335 @@
+"""Redis suites: fragmentation after a fill / overwrite / delete / idle cycle
+(redis-frag), and throughput + latency under redis-benchmark (redis-ops)."""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import random
+import time
+from typing import Optional
+
+# servers is imported as a module, names looked up at run time: keel_lab.servers
+# imports keel_lab.suites (for SuiteError), which imports this module.
+from .. import servers as sv
+from .base import Suite, SuiteContext, SuiteError
+
+KEY_FMT = "key:%012d"          # the keys redis-benchmark -r makes of __rand_int__
+
+
+# ---- helpers shared by the server suites (redis, mariadb, postgres, sphinx) ----------
+# Options come from `keel bench --set SUITE.KEY=VALUE` as strings, or from tests as
+# Python values; these accept both.
+
+def opt_bool(ctx: SuiteContext, key: str, default: bool = False) -> bool:
+    v = ctx.options.get(key, default)
+    if isinstance(v, str):
+        return v.strip().lower() not in ("", "0", "no", "false", "off")
+    return bool(v)
+
+
+def opt_float(ctx: SuiteContext, key: str, default):
+    v = ctx.options.get(key)
+    if v is None or v == "":
+        return default
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        raise SuiteError(f"option {key}={v!r}: expected a number")
+
+
+def opt_list(ctx: SuiteContext, key: str, default: tuple, conv=int) -> tuple:
+    v = ctx.options.get(key)
+    if v is None or v == "":
+        return tuple(default)
+    items = v.split(",") if isinstance(v, str) else (v if isinstance(v, (list, tuple)) else [v])
+    try:
+        return tuple(conv(str(x).strip()) if isinstance(x, str) else conv(x)
+                     for x in items if str(x).strip())
+    except (TypeError, ValueError):
+        raise SuiteError(f"option {key}={v!r}: expected a comma-separated list")
+
+
+def opt_env(ctx: SuiteContext, key: str = "extra_env") -> dict:
+    """Extra environment for the server: a dict, or "NAME=VALUE[,NAME=VALUE...]"."""
+    v = ctx.options.get(key)
+    if not v:
+        return {}
+    if isinstance(v, dict):
+        return {str(k): str(x) for k, x in v.items()}
+    out = {}
+    for item in str(v).replace(";", ",").split(","):
+        if item.strip():
+            if "=" not in item:
+                raise SuiteError(f"option {key}: {item!r} is not NAME=VALUE")
+            k, x = item.split("=", 1)
+            out[k.strip()] = x.strip()
+    return out
+
+
+def size_mode(ctx: SuiteContext) -> str:
+    """'tiny' (tests: option tiny=1), 'quick' or 'full'."""
+    if opt_bool(ctx, "tiny"):
+        return "tiny"
+    return "quick" if ctx.quick else "full"
+
+
+def size_label(n: int) -> str:
+    return f"{n // 1024}KiB" if n >= 1024 and n % 1024 == 0 else f"{n}B"
+
+
+def parse_benchmark_csv(text: str) -> dict[str, dict[str, float]]:
+    """redis-benchmark --csv (7.x): "test","rps","avg_latency_ms","min_latency_ms",
+    "p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"."""
+    lines = [l for l in text.replace("\r", "\n").splitlines() if l.startswith('"')]
+    out: dict[str, dict[str, float]] = {}
+    header: Optional[list[str]] = None
+    for row in csv.reader(io.StringIO("\n".join(lines))):
+        if row and row[0] == "test":
+            header = row
+            continue
+        if header is None or len(row) != len(header):
+            continue
+        rec = {}
+        for k, v in zip(header[1:], row[1:]):
+            try:
+                rec[k] = float(v)
+            except ValueError:
+                pass
+        out[row[0]] = rec
+    return out
+
+
+def _benchmark(srv: sv.RedisServer, ctx: SuiteContext, args: list[str], what: str,
+               timeout: float = 900) -> dict[str, dict[str, float]]:
+    argv = [sv.which("redis-benchmark", "redis-tools"), "-h", "127.0.0.1", "-p", str(srv.port),
+            "--csv", *args]
+    out = sv.run_client(argv, servers=[srv], timeout=timeout, what=what)
+    res = parse_benchmark_csv(out)
+    if not res:
+        raise SuiteError(f"{what}: no results in redis-benchmark's output:\n{out[-2000:]}")
+    return res
+
+
+class RedisFrag(Suite):
+    """A fresh redis-server per value size (3 B, 1 KiB): fill (redis-benchmark SETs of
+    random keys), overwrite with 64/700/16-byte values, DEL a seeded random half of the
+    keyspace (pipelined), idle. After each phase: RSS, INFO used_memory and
+    mem_fragmentation_ratio ("phases", "<phase> <size>"); RSS over the idle phase in
+    series rss_kib_<size> (and over the whole run in run_rss_kib_<size>).
+    Options (--set redis-frag.KEY=VALUE): idle_seconds, value_sizes=3,1024,
+    extra_env=NAME=VALUE,..., tiny=1 (test size)."""
+
+    name = "redis-frag"
+    description = ("Redis memory after fill (3 B / 1 KiB values), overwrite with mixed sizes, "
+                   "deleting a random half, and idling: RSS per phase")
+    needs_packages = ("redis-server", "redis-tools")
+
+    SIZES = {
+        # keyspace, fill SETs, overwrite SETs per size, idle seconds
+        "full": (1_000_000, 2_000_000, 500_000, 30.0),
+        "quick": (100_000, 200_000, 50_000, 5.0),
+        "tiny": (10_000, 20_000, 5_000, 1.0),
+    }
+    VALUE_SIZES = (3, 1024)
+    OVERWRITE_SIZES = (64, 700, 16)
+
+    def check(self, ctx: SuiteContext) -> None:
+        sv.which(sv.RedisServer.binary, sv.RedisServer.package)
+        sv.which("redis-benchmark", "redis-tools")
+
+    def run(self, ctx: SuiteContext) -> dict:
+        self.check(ctx)
+        mode = size_mode(ctx)
+        keys, fill, over, idle = self.SIZES[mode]
+        idle = opt_float(ctx, "idle_seconds", idle)
+        sizes = opt_list(ctx, "value_sizes", self.VALUE_SIZES)
+        result: dict = {"metrics": {}, "series": {}, "phases": [], "notes": []}
+        peaks, finals = [], []
+        for i, vsize in enumerate(sizes):
+            label = size_label(vsize)
+            self._one(ctx, result, label, vsize, keys, fill, over, idle,
+                      base_frac=i / len(sizes), span=1 / len(sizes), peaks=peaks, finals=finals)
+        m = result["metrics"]
+        m["rss_peak_kib"] = max(peaks)
+        m["rss_final_kib"] = sum(finals)
+        result["notes"] += [
+            f"size {mode}: {fill} SETs over {keys} random keys, then {over} SETs each of "
+            f"{'/'.join(str(s) for s in self.OVERWRITE_SIZES)} B, then DEL of a random half "
+            f"of the keyspace (seed 42), then {idle:.0f}s idle; a fresh redis-server per value size.",
+            "Compare allocators on RSS, not on mem_fragmentation_ratio: the ratio is RSS divided "
+            "by used_memory, and used_memory is Redis' own count built from the allocator's "
+            "malloc_usable_size, so each allocator's size-class rounding changes the divisor; "
+            "RSS is what the machine actually pays.",
+            "rss_final_kib is the RSS after idling summed over the value sizes; "
+            "rss_peak_kib the highest RSS seen in any of them. activedefrag is off "
+            "(Redis' default; it only works with its own jemalloc).",
+        ]
+        return result
+
+    def _one(self, ctx, result, label, vsize, keys, fill, over, idle, base_frac, span,
+             peaks, finals) -> None:
+        m = result["metrics"]
+        steps = 3 + len(self.OVERWRITE_SIZES)
+        done = 0
+
+        def progress(msg):
+            ctx.progress(f"{label}: {msg}", base_frac + span * done / steps)
+
+        srv = sv.RedisServer(ctx.allocator, workdir=ctx.workdir, extra_env=opt_env(ctx))
+        try:
+            srv.start()
+            for n in srv.notes:
+                if n not in result["notes"]:
+                    result["notes"].append(n)
+            whole = sv.RssSampler(srv.pid, interval=0.25).start()
+            client = None
+            try:
+                client = srv.client(timeout=120)
+
+                def phase(name: str, seconds: float) -> None:
+                    srv.check_alive(name)
+                    info = client.info("memory")
+                    rss = sv.rss_kib(srv.pid)
+                    # one phase entry per (phase, value size): the report groups by name
+                    rec = {"phase": f"{name} {label}", "rss_kib": rss,
+                           "used_memory_kib": int(info["used_memory"]) // 1024,
+                           "frag": float(info.get("mem_fragmentation_ratio", "nan"))}
+                    result["phases"].append(rec)
+                    m[f"rss_{name}_kib_{label}"] = rss
+                    m[f"used_memory_{name}_kib_{label}"] = rec["used_memory_kib"]
+                    m[f"keys_{name}_{label}"] = int(client.command("DBSIZE"))
+                    if name != "idle":
+                        m[f"seconds_{name}_{label}"] = round(seconds, 2)
+
+                common = ["-t", "set", "-r", str(keys), "-P", "16", "-c", "50"]
+                progress(f"fill, {fill} SETs of {vsize} B over {keys} keys")
+                t = time.monotonic()
+                res = _benchmark(srv, ctx, common + ["-n", str(fill), "-d", str(vsize)],
+                                 f"redis-benchmark fill ({label})")
+                fill_s = time.monotonic() - t
+                m[f"fill_rps_{label}"] = res.get("SET", {}).get("rps")
+                phase("fill", fill_s)
+                done += 1
+
+                t = time.monotonic()
+                for osize in self.OVERWRITE_SIZES:
+                    progress(f"overwrite, {over} SETs of {osize} B")
+                    _benchmark(srv, ctx, common + ["-n", str(over), "-d", str(osize)],
+                               f"redis-benchmark overwrite {osize} B ({label})")
+                    done += 1
+                phase("overwrite", time.monotonic() - t)
+
+                progress(f"delete a random half of {keys} keys")
+                t = time.monotonic()
+                rng = random.Random(42)
+                victims = rng.sample(range(keys), keys // 2)
+                errors = client.pipeline((("DEL", KEY_FMT % k) for k in victims), batch=1000)
+                if errors:
+                    raise SuiteError(f"redis: {errors} errors deleting keys")
+                phase("delete", time.monotonic() - t)
+                done += 1
+
+                progress(f"idle {idle:.0f}s")
+                with sv.RssSampler(srv.pid, interval=0.25) as idle_s:
+                    sv.sleep_watching(idle, [srv], "the idle phase")
+                result["series"][f"rss_kib_{label}"] = idle_s.samples
+                phase("idle", idle)
+                done += 1
+            finally:
+                if client is not None:
+                    client.close()
+                whole.stop()
+            srv.check_alive("the run")
+            result["series"][f"run_rss_kib_{label}"] = whole.samples
+            peaks.append(whole.peak or 0)
+            finals.append(m[f"rss_idle_kib_{label}"])
+        except (ConnectionError, OSError) as e:
+            if not srv.alive():
+                raise SuiteError(srv.died_message(f"redis-frag ({label})")) from None
+            raise SuiteError(f"redis-frag ({label}): lost the connection to redis-server: {e}")
+        finally:
+            srv.stop()
+
+
+class RedisOps(Suite):
+    """redis-benchmark -t set,get,lpush,lpop with -P 16 -c 50 and with -c 200 unpipelined
+    (--csv: rps, avg/p50/p95/p99 latency per test), server RSS sampled throughout.
+    Options: extra_env, tiny."""
+
+    name = "redis-ops"
+    description = ("Redis SET/GET/LPUSH/LPOP throughput and latency with redis-benchmark: "
+                   "pipelined (-P 16 -c 50) and 200 unpipelined clients")
+    needs_packages = ("redis-server", "redis-tools")
+
+    TESTS = "set,get,lpush,lpop"
+    SIZES = {   # requests pipelined, requests unpipelined, keyspace
+        "full": (2_000_000, 400_000, 1_000_000),
+        "quick": (300_000, 60_000, 100_000),
+        "tiny": (20_000, 5_000, 10_000),
+    }
+
+    def check(self, ctx: SuiteContext) -> None:
+        sv.which(sv.RedisServer.binary, sv.RedisServer.package)
+        sv.which("redis-benchmark", "redis-tools")
+
+    def run(self, ctx: SuiteContext) -> dict:
+        self.check(ctx)
+        mode = size_mode(ctx)
+        n_pipe, n_plain, keys = self.SIZES[mode]
+        configs = [("p16c50", ["-P", "16", "-c", "50", "-n", str(n_pipe)]),
+                   ("c200", ["-c", "200", "-n", str(n_plain)])]
+        result: dict = {"metrics": {}, "notes": []}
+        m = result["metrics"]
+        srv = sv.RedisServer(ctx.allocator, workdir=ctx.workdir, extra_env=opt_env(ctx))
+        try:
+            srv.start()
+            result["notes"] += srv.notes
+            rps, p50, p95, p99, means = [], [], [], [], []
+            with sv.RssSampler(srv.pid, interval=0.2) as samp:
+                for i, (cname, args) in enumerate(configs):
+                    ctx.progress(f"redis-benchmark {cname}", i / len(configs))
+                    res = _benchmark(srv, ctx, ["-t", self.TESTS, "-r", str(keys), "-d", "64",
+                                                "--precision", "3", *args],
+                                     f"redis-benchmark {cname}")
+                    for test, rec in res.items():
+                        key = f"{test.lower()}_{cname}"
+                        m[f"{key}_rps"] = rec.get("rps")
+                        for q in ("p50", "p95", "p99"):
+                            m[f"{key}_{q}_ms"] = rec.get(f"{q}_latency_ms")
+                        m[f"{key}_mean_ms"] = rec.get("avg_latency_ms")
+                        rps.append(rec.get("rps", 0))
+                        p50.append(rec.get("p50_latency_ms", 0))
+                        p95.append(rec.get("p95_latency_ms", 0))
+                        p99.append(rec.get("p99_latency_ms", 0))
+                        means.append(rec.get("avg_latency_ms", 0))
+            srv.check_alive("the run")
+            m["throughput"] = geomean(rps)
+            m["p50_ms"] = _mean(p50)
+            m["p95_ms"] = _mean(p95)
+            m["p99_ms"] = _mean(p99)
+            m["mean_ms"] = _mean(means)
+            m["rss_peak_kib"] = samp.peak
+            m["rss_final_kib"] = samp.last
+            result["series"] = {"rss_kib": samp.samples}
+            result["notes"].append(
+                f"size {mode}: tests {self.TESTS}, 64-byte values, keyspace {keys}; "
+                f"{n_pipe} requests each with -P 16 -c 50, {n_plain} with -c 200 unpipelined. "
+                "throughput is the geometric mean of the 8 tests' requests/s; p50/p95/p99/mean_ms "
+                "are the means of the tests' values; per-test values are in the metrics.")
+        finally:
+            srv.stop()
+        return result
+
+
+def geomean(xs) -> Optional[float]:
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def _mean(xs) -> Optional[float]:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+SUITES = [RedisFrag, RedisOps]

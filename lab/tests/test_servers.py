@@ -1,0 +1,315 @@
+"""Real servers under real allocators, end to end through the suites, at a tiny size.
+
+These start redis-server / mariadbd / postgres / searchd on 127.0.0.1 in throw-away
+directories. They hold /tmp/keel-bench.lock (the lab's one-benchmark-at-a-time lock)
+while they run, and skip if a benchmark keeps it busy for too long
+(KEEL_TEST_LOCK_WAIT seconds, default 600). Each smoke test is sized to finish in well
+under a minute on the 2-core machine.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from keel_lab import servers
+from keel_lab.allocators import Allocator, AllocatorNotFound, find
+from keel_lab.servers import RedisServer, live_servers, pid_running
+from keel_lab.suites.base import SuiteContext, SuiteError
+
+BUILD = Path(os.environ.get("KEEL_BUILD_DIR") or Path(__file__).resolve().parents[2] / "build")
+LOCK = Path(tempfile.gettempdir()) / "keel-bench.lock"
+
+
+def have(prog: str) -> bool:
+    try:
+        servers.which(prog, "x")
+        return True
+    except SuiteError:
+        return False
+
+
+need_redis = pytest.mark.skipif(not (have("redis-server") and have("redis-benchmark")),
+                                reason="redis-server not installed: sudo apt-get install "
+                                       "redis-server redis-tools")
+
+
+@pytest.fixture(scope="module")
+def bench_lock():
+    """Holds the machine's benchmark lock for the module's tests."""
+    wait = float(os.environ.get("KEEL_TEST_LOCK_WAIT", "600"))
+    with open(LOCK, "a") as f:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.skip(f"{LOCK} is held by a running benchmark for more than {wait:.0f}s")
+                time.sleep(1)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def allocator(name: str) -> Allocator:
+    try:
+        return find(name, BUILD)
+    except AllocatorNotFound as e:
+        pytest.skip(str(e))
+
+
+class Recorder:
+    """A progress callback that remembers the pids of the servers running at each call
+    (and can act on a message)."""
+
+    def __init__(self, on=None):
+        self.messages: list[str] = []
+        self.pids: set[int] = set()
+        self.own_dirs: set[Path] = set()   # throw-away dirs the servers made themselves
+        self.on = on
+
+    def __call__(self, message, fraction=None):
+        self.messages.append(message)
+        for s in live_servers():
+            self.pids.add(s.pid)
+            self.pids.update(servers.children(s.pid))   # e.g. postgres' auxiliary processes
+            if s._own_dir and s.dir:
+                self.own_dirs.add(s.dir)
+        if self.on:
+            self.on(message)
+
+
+def make_ctx(alloc: Allocator, tmp_path: Path, progress=None, **options) -> SuiteContext:
+    options.setdefault("tiny", True)
+    return SuiteContext(allocator=alloc, quick=True, workdir=tmp_path, options=options,
+                        progress=progress or Recorder(), build_dir=BUILD)
+
+
+def assert_nothing_left(pids, dirs=()) -> None:
+    assert live_servers() == []
+    left = [p for p in pids if pid_running(p)]
+    assert left == [], f"processes still running: {left}"
+    kept = [d for d in dirs if Path(d).exists()]
+    assert kept == [], f"throw-away dirs not removed: {kept}"
+
+
+# --------------------------------------------------------------------------------------
+
+
+@need_redis
+@pytest.mark.parametrize("alloc_name", ["glibc", "jemalloc", "keel"])
+def test_redis_frag_tiny(alloc_name, tmp_path, bench_lock):
+    from keel_lab.suites.redis import RedisFrag
+    alloc = allocator(alloc_name)
+    rec = Recorder()
+    t = time.monotonic()
+    res = RedisFrag().run(make_ctx(alloc, tmp_path, rec, idle_seconds=1))
+    assert time.monotonic() - t < 60
+    phases = res["phases"]
+    names = [p["phase"] for p in phases]
+    assert names == [f"{ph} {sz}" for sz in ("3B", "1KiB")
+                     for ph in ("fill", "overwrite", "delete", "idle")]
+    for p in phases:
+        assert p["rss_kib"] > 1000 and p["used_memory_kib"] > 0 and p["frag"] > 0
+    m = res["metrics"]
+    for sz in ("3B", "1KiB"):
+        assert len(res["series"][f"rss_kib_{sz}"]) >= 3
+        assert all(kib > 0 for _t, kib in res["series"][f"rss_kib_{sz}"])
+        assert m[f"keys_delete_{sz}"] < m[f"keys_overwrite_{sz}"]
+    # 1 KiB values take more memory than 3-byte ones
+    assert m["rss_fill_kib_1KiB"] > m["rss_fill_kib_3B"]
+    assert m["rss_peak_kib"] >= max(p["rss_kib"] for p in phases) * 0.9
+    assert m["rss_final_kib"] > 0
+    assert any("RSS" in n for n in res["notes"])
+    if alloc_name == "glibc":   # redis links jemalloc itself: glibc is forced by preloading libc
+        assert any("libc.so.6" in n for n in res["notes"])
+    assert len(rec.pids) == 2   # a fresh server per value size
+    assert_nothing_left(rec.pids)
+
+
+@need_redis
+def test_redis_ops_tiny(tmp_path, bench_lock):
+    from keel_lab.suites.redis import RedisOps
+    rec = Recorder()
+    res = RedisOps().run(make_ctx(allocator("glibc"), tmp_path, rec))
+    m = res["metrics"]
+    assert m["throughput"] > 0
+    for k in ("p50_ms", "p95_ms", "p99_ms", "rss_peak_kib", "rss_final_kib", "set_p16c50_rps",
+              "lpop_c200_p99_ms"):
+        assert m[k] is not None and m[k] > 0, k
+    assert m["p50_ms"] <= m["p99_ms"]
+    assert_nothing_left(rec.pids)
+
+
+def test_missing_binary_clear_error(tmp_path, monkeypatch):
+    from keel_lab.suites.redis import RedisFrag
+    monkeypatch.setattr(RedisServer, "binary", "/nonexistent/redis-server")
+    with pytest.raises(SuiteError, match=r"^redis-server not found: install it with "
+                                         r"sudo apt-get install redis-server$"):
+        RedisFrag().run(make_ctx(Allocator("glibc", None), tmp_path))
+    with pytest.raises(SuiteError, match="redis-server not found"):
+        RedisServer().start()
+    assert live_servers() == []
+
+
+def test_which_names_the_package():
+    with pytest.raises(SuiteError, match="frobd not found: install it with sudo apt-get install frob"):
+        servers.which("frobd", "frob")
+
+
+def test_port_in_use_is_reported():
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        with pytest.raises(SuiteError, match=f"port {port} on 127.0.0.1 is in use"):
+            servers.free_port(port)
+        if have("redis-server"):
+            with pytest.raises(SuiteError, match="is in use"):
+                RedisServer(port=port).start()
+        assert servers.free_port() != port
+    finally:
+        s.close()
+    assert live_servers() == []
+
+
+@need_redis
+def test_server_killed_mid_run(tmp_path, bench_lock):
+    """SIGKILL the server during the overwrite phase: SuiteError naming the death, with
+    the log tail, and nothing left running."""
+    from keel_lab.suites.redis import RedisFrag
+    killed: list[int] = []
+
+    def kill_at_overwrite(msg):
+        if "overwrite" in msg and not killed:
+            for s in live_servers():
+                killed.append(s.pid)
+                os.kill(s.pid, signal.SIGKILL)
+
+    rec = Recorder(kill_at_overwrite)
+    with pytest.raises(SuiteError) as ei:
+        RedisFrag().run(make_ctx(allocator("glibc"), tmp_path, rec, idle_seconds=1))
+    msg = str(ei.value)
+    assert "redis-server" in msg and "died" in msg and "SIGKILL" in msg, msg
+    assert "last" in msg and "lines of" in msg, msg     # the log tail
+    assert killed
+    assert_nothing_left(rec.pids | set(killed))
+
+
+@need_redis
+def test_interrupt_stops_the_server(tmp_path, bench_lock):
+    """Ctrl-C (KeyboardInterrupt) in the middle of a run propagates, and the server is
+    stopped on the way out."""
+    from keel_lab.suites.redis import RedisFrag
+
+    def interrupt(msg):
+        if "delete" in msg:
+            raise KeyboardInterrupt
+
+    rec = Recorder(interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        RedisFrag().run(make_ctx(allocator("glibc"), tmp_path, rec, idle_seconds=1))
+    assert rec.pids
+    assert_nothing_left(rec.pids)
+
+
+@need_redis
+def test_allocator_that_does_not_load_is_an_error(tmp_path):
+    bogus = tmp_path / "libnotreally.so"
+    bogus.write_text("not an ELF file\n")
+    srv = RedisServer(Allocator("bogus", str(bogus)), workdir=tmp_path, startup_timeout=30)
+    with pytest.raises(SuiteError, match="the allocator did not load"):
+        srv.start()
+    assert srv.pid is not None and not pid_running(srv.pid)
+    assert live_servers() == []
+
+
+@need_redis
+def test_server_context_manager_and_idempotent_stop(tmp_path):
+    with RedisServer(allocator("jemalloc"), workdir=tmp_path) as srv:
+        pid = srv.pid
+        assert srv.alive() and srv.rss_kib() > 0
+        with srv.client() as c:
+            assert c.command("SET", "a", "b") == "OK"
+            assert c.command("GET", "a") == b"b"
+        srv.check_alive()
+    assert not pid_running(pid)
+    assert srv.stop() == srv.returncode == 0      # idempotent, clean exit after SIGTERM
+    with pytest.raises(SuiteError):
+        srv.check_alive()
+    assert live_servers() == []
+
+
+def test_rss_sampler_samples_itself():
+    with servers.RssSampler(os.getpid(), interval=0.05) as s:
+        time.sleep(0.3)
+    assert len(s.samples) >= 3
+    assert s.peak >= s.samples[0][1] > 0
+    assert all(b[0] >= a[0] for a, b in zip(s.samples, s.samples[1:]))
+
+
+# --------------------------------------------------------------------------------------
+# one small sweep point of the database suites
+
+
+@pytest.mark.skipif(not (have("mariadbd") and have("sysbench") and have("mariadb-install-db")),
+                    reason="sudo apt-get install mariadb-server mariadb-client sysbench")
+def test_mariadb_smoke(tmp_path, bench_lock):
+    from keel_lab.suites.mariadb import MariaDB
+    rec = Recorder()
+    t = time.monotonic()
+    res = MariaDB().run(make_ctx(allocator("glibc"), tmp_path, rec))
+    assert time.monotonic() - t < 60
+    (pt,) = res["points"]
+    assert pt["x"] == 4 and pt["throughput"] > 0 and pt["p95_ms"] > 0 and pt["rss_kib"] > 10000
+    m = res["metrics"]
+    assert m["insert_tps"] > 0 and m["rss_peak_kib"] >= pt["rss_kib"] and m["rss_final_kib"] > 0
+    assert res["x_label"] == "threads"
+    assert_nothing_left(rec.pids)
+
+
+@pytest.mark.skipif(servers.pg_bindir() is None, reason="sudo apt-get install postgresql")
+def test_postgres_smoke(tmp_path, bench_lock):
+    from keel_lab.suites.postgres import Postgres
+    rec = Recorder()
+    alloc = find("keel", BUILD) if (BUILD / "libkeel.so").is_file() else allocator("glibc")
+    t = time.monotonic()
+    res = Postgres().run(make_ctx(alloc, tmp_path, rec))
+    assert time.monotonic() - t < 60
+    (pt,) = res["points"]
+    assert pt["x"] == 4
+    for k in ("throughput", "mean_ms", "rss_kib", "anon_kib", "tpcb_throughput", "tpcb_rss_kib"):
+        assert pt[k] and pt[k] > 0, k
+    m = res["metrics"]
+    assert m["rss_peak_kib"] >= pt["rss_kib"] and m["rss_final_kib"] > 0
+    assert rec.own_dirs     # postgres keeps its cluster in its own dir (the server user must reach it)
+    assert_nothing_left(rec.pids, rec.own_dirs)
+
+
+@pytest.mark.skipif(not (have("searchd") and have("indexer")),
+                    reason="sudo apt-get install sphinxsearch")
+def test_sphinx_smoke(tmp_path, bench_lock):
+    from keel_lab.suites.sphinx import Sphinx
+    rec = Recorder()
+    t = time.monotonic()
+    res = Sphinx().run(make_ctx(allocator("glibc"), tmp_path, rec))
+    assert time.monotonic() - t < 60
+    m = res["metrics"]
+    assert m["thp_on_errors"] == 0 and m["thp_off_errors"] == 0
+    assert any("THP_enabled" in n and "off=0" in n for n in res["notes"])
+    for mode in ("on", "off"):
+        assert m[f"thp_{mode}_qps"] > 0 and m[f"thp_{mode}_queries"] > 10
+        assert m[f"thp_{mode}_p50_ms"] <= m[f"thp_{mode}_p99_ms"]
+        assert res["series"][f"rss_kib_thp_{mode}"]
+    assert m["throughput"] == m["thp_on_qps"] and m["rss_peak_kib"] > 0
+    assert_nothing_left(rec.pids)
