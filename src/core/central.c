@@ -8,6 +8,7 @@
 #include "core/internal.h"
 
 keel_central_t _keel_central[KEEL_NUM_CLASSES];
+uint64_t _keel_ticks;
 
 static inline void* slab_base(keel_chunk_t* c, keel_slab_t* head) {
   return keel_unit_addr(c, (unsigned)(head - c->units));
@@ -95,6 +96,7 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
   const keel_class_t* k = &_keel_classes[cls];
   keel_lock(&cl->lock);
   if (cl->nbatches > 0 && want >= k->batch) {
+    cl->touched = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
     void* list = cl->batches[--cl->nbatches];
     keel_unlock(&cl->lock);
     *got = k->batch;
@@ -200,6 +202,7 @@ void _keel_central_give(unsigned cls, void* list, uint32_t n) {
   const keel_class_t* k = &_keel_classes[cls];
   keel_lock(&cl->lock);
   if (n == k->batch && cl->nbatches < k->transfer_max) {
+    cl->touched = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
     cl->batches[cl->nbatches++] = list;
     keel_unlock(&cl->lock);
     return;
@@ -227,18 +230,23 @@ bool _keel_central_is_free(unsigned cls, void* p) {
   return is_free;
 }
 
+/* Lock held: the transfer cache's batches go back to their slabs. */
+static void drain_transfer(keel_central_t* cl, unsigned cls) {
+  while (cl->nbatches > 0) {
+    void* list = cl->batches[--cl->nbatches];
+    while (list != NULL) {
+      void* next = *(void**)list;
+      slab_put(cl, cls, list);
+      list = next;
+    }
+  }
+}
+
 void _keel_central_drain_all(void) {
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     keel_central_t* cl = &_keel_central[cls];
     keel_lock(&cl->lock);
-    while (cl->nbatches > 0) {
-      void* list = cl->batches[--cl->nbatches];
-      while (list != NULL) {
-        void* next = *(void**)list;
-        slab_put(cl, cls, list);
-        list = next;
-      }
-    }
+    drain_transfer(cl, cls);
     /* An empty slab kept to avoid churn is released too. */
     for (int sampled = 0; sampled < 2; sampled++) {
       keel_slab_t* next;
@@ -250,6 +258,17 @@ void _keel_central_drain_all(void) {
         }
       }
     }
+    keel_unlock(&cl->lock);
+  }
+}
+
+void _keel_central_decay(uint64_t idle_ticks) {
+  uint64_t now = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
+    keel_central_t* cl = &_keel_central[cls];
+    if (__atomic_load_n(&cl->nbatches, __ATOMIC_RELAXED) == 0) continue;
+    keel_lock(&cl->lock);
+    if (now - cl->touched >= idle_ticks) drain_transfer(cl, cls);
     keel_unlock(&cl->lock);
   }
 }

@@ -88,7 +88,12 @@ static void* purger_main(void* arg) {
     /* A quarter of the purge delay, but at least 4 ticks a second so that a live
      * statistics request is answered promptly. */
     uint64_t tick = _keel_options.purge_delay_ms / 4;
-    _keel_prim_sleep_ms(tick < 10 ? 10 : tick > 250 ? 250 : tick);
+    tick = tick < 10 ? 10 : tick > 250 ? 250 : tick;
+    _keel_prim_sleep_ms(tick);
+    __atomic_fetch_add(&_keel_ticks, 1, __ATOMIC_RELAXED);
+    /* Transfer batches idle for the purge delay go back to their slabs, so that empty
+     * slabs can be released and purged. */
+    _keel_central_decay(_keel_options.purge_delay_ms / tick + 1);
     if (_keel_pageheap_dirty_bytes() != 0) _keel_pageheap_maybe_purge();
     if (_keel_huge_cache_pending()) _keel_huge_purge(false);
     _keel_publish_tick();

@@ -190,7 +190,11 @@ typedef struct keel_central_s {
   void* batches[KEEL_TRANSFER_SLOTS]; /* each a NULL-terminated list of `batch` blocks */
   uint64_t slabs;       /* slabs of this class */
   uint64_t out;         /* blocks out of slabs: live, or in a cache */
+  uint64_t touched;     /* purger tick of the last transfer-cache use */
 } __attribute__((aligned(64))) keel_central_t;
+
+/* Purger ticks so far (a coarse clock the central lists stamp without a system call). */
+extern uint64_t _keel_ticks KEEL_INTERNAL;
 
 extern keel_central_t _keel_central[KEEL_NUM_CLASSES] KEEL_INTERNAL;
 
@@ -205,6 +209,8 @@ void* _keel_central_take_sampled(unsigned cls) KEEL_INTERNAL;
 bool _keel_central_is_free(unsigned cls, void* p) KEEL_INTERNAL;
 /* Returns the transfer caches' batches to their slabs so empty slabs can be released. */
 void _keel_central_drain_all(void) KEEL_INTERNAL;
+/* The same for classes whose transfer cache has not been used for `idle_ticks`. */
+void _keel_central_decay(uint64_t idle_ticks) KEEL_INTERNAL;
 void _keel_central_lock_all(void) KEEL_INTERNAL;
 void _keel_central_unlock_all(void) KEEL_INTERNAL;
 void _keel_central_reset_locks(void) KEEL_INTERNAL;

@@ -32,8 +32,10 @@ void _keel_classes_init(void) {
     c->count = (uint32_t)count;
     c->batch = (uint16_t)clamp(KEEL_UNIT_SIZE / size, 2, 32);
     c->bin_limit = (uint32_t)clamp(KEEL_UNIT_SIZE / size, 2u * c->batch, 1024);
-    /* Enough parked batches to absorb a burst, but at most 128 KiB of blocks. */
-    c->transfer_max = (uint32_t)clamp(((size_t)128 << 10) / (c->batch * size), 1, 8);
+    /* Enough parked batches to absorb a burst, but about 32 KiB of blocks per class (a
+     * hundred classes in use would otherwise park megabytes); idle batches also decay
+     * back to their slabs (central.c). */
+    c->transfer_max = (uint32_t)clamp(((size_t)32 << 10) / (c->batch * size), 1, 8);
     c->div_magic = (((uint64_t)1 << 40) + size - 1) / size;
   }
 }
