@@ -90,6 +90,10 @@ static void* purger_main(void* arg) {
     uint64_t tick = _keel_options.purge_delay_ms / 4;
     tick = tick < 10 ? 10 : tick > 250 ? 250 : tick;
     _keel_prim_sleep_ms(tick);
+    /* If every other thread has ended (main called pthread_exit and the rest finished),
+     * the process must end as POSIX says, with exit(0): our thread must not keep it
+     * alive. */
+    if (_keel_prim_thread_count() == 1) _keel_prim_exit(0);
     __atomic_fetch_add(&_keel_ticks, 1, __ATOMIC_RELAXED);
     /* Transfer batches idle for the purge delay go back to their slabs, so that empty
      * slabs can be released and purged. */

@@ -82,6 +82,12 @@ void _keel_prim_atfork(void (*prepare)(void), void (*parent)(void), void (*child
 /* Starts a detached helper thread running fn(arg). Must not be called with any Keel
  * lock held (thread creation may allocate). Returns false on failure. */
 bool _keel_prim_thread_start(void* (*fn)(void*), void* arg);
+/* Number of threads in this process still running, the caller included (0 if
+ * unknown). A main thread that ended with pthread_exit does not count. */
+int _keel_prim_thread_count(void);
+/* Ends the process as exit(status) does (atexit handlers, destructors, stdio). */
+_Noreturn void _keel_prim_exit(int status);
+
 /* Sleeps the calling thread for `ms` milliseconds. */
 void _keel_prim_sleep_ms(uint64_t ms);
 

@@ -439,3 +439,26 @@ bool _keel_prim_symbolize(const void* addr, char* buf, size_t size) {
   buf[n] = 0;
   return true;
 }
+
+int _keel_prim_thread_count(void) {
+  char buf[1024];
+  int saved = errno;
+  long n = read_small_file("/proc/self/stat", buf, sizeof buf);
+  errno = saved;
+  if (n <= 0) return 0;
+  /* Field 20 is num_threads; the command name (field 2) may hold spaces, so count from
+   * the last ')'. */
+  char* p = strrchr(buf, ')');
+  if (p == NULL || p[1] != ' ') return 0;
+  /* Field 3: the main thread's state; 'Z' once it ended with pthread_exit (the process
+   * lives on, and still counts it, until its other threads end). */
+  bool main_gone = p[2] == 'Z';
+  int field = 2;
+  for (; *p && field < 20; p++)
+    if (*p == ' ') field++;
+  int v = 0;
+  for (; *p >= '0' && *p <= '9'; p++) v = v * 10 + (*p - '0');
+  return main_gone && v > 0 ? v - 1 : v;
+}
+
+_Noreturn void _keel_prim_exit(int status) { exit(status); }

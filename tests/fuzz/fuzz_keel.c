@@ -1,0 +1,656 @@
+/* fuzz_keel.c -- libFuzzer target: the input bytes drive a sequence of allocation calls
+ * against a shadow model of every live block.
+ *
+ * Build (scripts/fuzz.sh does it): clang, a KEEL_PREFIX static library instrumented with
+ * -fsanitize=fuzzer-no-link,address,undefined, this file with -fsanitize=fuzzer. Keel is
+ * called as keel_malloc, keel_free, ... beside the sanitizer's own malloc, so
+ *   - coverage feedback comes from Keel's own code (size classes, slabs, spans, huge
+ *     table, realloc paths, failure paths) -- not only from this harness;
+ *   - the shadow model and libFuzzer's own data live in the other heap: a Keel bug that
+ *     hands out the same memory twice is caught by the content checks below instead of
+ *     corrupting the fuzzer;
+ *   - ASan and UBSan watch Keel's own globals, stacks and arithmetic (its blocks are
+ *     its own mmap'ed memory, which ASan does not police: the model does);
+ *   - hidden internals are reachable from the static archive: _keel_verify() (every
+ *     invariant) and _keel_prim_fail_maps() (the OS refuses mappings).
+ *
+ * Operations (one opcode byte, then arguments): malloc, calloc, realloc, reallocarray,
+ * posix_memalign / aligned_alloc / memalign with many alignments (valid, odd and absurd),
+ * valloc, pvalloc, malloc_usable_size, free, free_sized, free_aligned_sized, hand-over to
+ * a helper thread that verifies and frees (cross-thread frees), blocks allocated by the
+ * helper and freed here, helper thread exit and restart, thread cache flush, purge, and
+ * failing mmaps (allocations may then fail, with ENOMEM, and nothing else may change).
+ * Checked after every step: the result of the call against glibc's semantics (NULL and
+ * errno, alignment, usable size >= size, calloc zeroes, realloc keeps the prefix), the
+ * pattern in the block touched, and the first and last bytes of every live block; every
+ * 64 steps and at the end of an input, _keel_verify() and the full contents of all
+ * blocks. Each block is filled over its whole usable size, so blocks that overlap
+ * corrupt each other visibly.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/internal.h" /* keel_pagemap_get: what Keel's page map says of a live block */
+#include "keel_prefix.h"
+
+void _keel_prim_fail_maps(long count);
+void _keel_verify(void);
+size_t keel_purge(void);
+void keel_thread_flush(void);
+
+#define MAXLIVE 128
+#define LIVE_CAP ((size_t)96 << 20) /* total usable bytes live at once */
+#define BIG 131072                  /* above this, blocks are filled in stripes */
+
+typedef struct {
+  unsigned char* p;
+  size_t n;      /* requested size */
+  size_t usable; /* malloc_usable_size at allocation */
+  size_t align;  /* alignment guaranteed to us (16, or what we asked for) */
+  uint64_t seed;
+  int zero;      /* calloc: the first n bytes were checked zero, then filled */
+} blk_t;
+
+static blk_t live[MAXLIVE];
+static int trace; /* FUZZ_KEEL_TRACE=1: print every step (to debug a crash input) */
+/* FUZZ_KEEL_ALIGN_MAX=N: cap the alignments asked for (to fuzz past a known bug with
+ * huge alignments; see tests/faults/test_huge_unit_share.c). Default: no cap. */
+static size_t align_max = SIZE_MAX;
+
+/* The last steps, printed when a check fails (a crash may depend on earlier inputs of
+ * the same process, so the input file alone may not replay it). */
+#define RING 256
+static struct {
+  unsigned long long input, step;
+  int op, slot;
+  void* p;
+  size_t n;
+  const char* what;
+} ring[RING];
+static unsigned long long ring_n;
+static void note(int op, int slot, void* p, size_t n, const char* what);
+static void dump_ring(void);
+#define TRACE(...) \
+  do {             \
+    if (trace) fprintf(stderr, __VA_ARGS__); \
+  } while (0)
+static size_t live_bytes;
+static size_t page_size;
+static unsigned long long stat_ops, stat_inputs;
+
+/* ---------------------------------------------------------------- failing --- */
+
+#define FAIL(...)                                                       \
+  do {                                                                  \
+    dump_ring();                                                        \
+    fprintf(stderr, "fuzz_keel: FAILED at %s:%d: ", __FILE__, __LINE__); \
+    fprintf(stderr, __VA_ARGS__);                                       \
+    fprintf(stderr, "\n");                                              \
+    abort();                                                            \
+  } while (0)
+
+static unsigned long long cur_step;
+static void note(int op, int slot, void* p, size_t n, const char* what) {
+  unsigned long long i = ring_n++ % RING;
+  ring[i].input = stat_inputs;
+  ring[i].step = cur_step;
+  ring[i].op = op;
+  ring[i].slot = slot;
+  ring[i].p = p;
+  ring[i].n = n;
+  ring[i].what = what;
+}
+static void dump_ring(void) {
+  unsigned long long from = ring_n > RING ? ring_n - RING : 0;
+  fprintf(stderr, "fuzz_keel: the last %llu events (input, step, op, slot, pointer, size):\n",
+          ring_n - from);
+  for (unsigned long long k = from; k < ring_n; k++) {
+    unsigned long long i = k % RING;
+    fprintf(stderr, "  in %llu step %llu op %d slot %d %s %p %zu\n", ring[i].input, ring[i].step,
+            ring[i].op, ring[i].slot, ring[i].what, ring[i].p, ring[i].n);
+  }
+}
+
+/* ---------------------------------------------------------------- pattern --- */
+
+/* The pattern loops are the harness's hot spot: no coverage instrumentation there
+ * (comparison tracing would dominate the run and teaches the fuzzer nothing). */
+#define NOCOV __attribute__((no_sanitize("coverage")))
+
+NOCOV static inline unsigned char pat(uint64_t seed, size_t i) {
+  uint64_t x = (seed + (i >> 3)) * 0x9E3779B97F4A7C15ull;
+  return (unsigned char)(x >> (8 * (i & 7)));
+}
+
+/* Byte i of the pattern is byte i % 8 of the little-endian word (seed + i / 8) * K, so
+ * whole words are written and compared 8 bytes at a time. */
+static inline uint64_t patw(uint64_t seed, size_t w) { return (seed + w) * 0x9E3779B97F4A7C15ull; }
+
+NOCOV static void fill_range(unsigned char* p, size_t from, size_t to, uint64_t seed) {
+  size_t i = from;
+  for (; i < to && (i & 7); i++) p[i] = pat(seed, i);
+  for (; i + 8 <= to; i += 8) {
+    uint64_t v = patw(seed, i >> 3);
+    memcpy(p + i, &v, 8);
+  }
+  for (; i < to; i++) p[i] = pat(seed, i);
+}
+NOCOV static size_t check_range(const unsigned char* p, size_t from, size_t to, uint64_t seed) {
+  size_t i = from;
+  for (; i < to && (i & 7); i++)
+    if (p[i] != pat(seed, i)) return i;
+  for (; i + 8 <= to; i += 8) {
+    uint64_t v;
+    memcpy(&v, p + i, 8);
+    if (v != patw(seed, i >> 3)) break;
+  }
+  for (; i < to; i++)
+    if (p[i] != pat(seed, i)) return i;
+  return SIZE_MAX;
+}
+
+/* Visits the parts of [0, n) that are kept patterned: everything for small blocks; the
+ * first and last 4 KiB and 64 bytes of every 4 KiB page for big ones. */
+typedef size_t (*range_fn)(unsigned char* p, size_t from, size_t to, uint64_t seed);
+NOCOV static size_t fill_adapter(unsigned char* p, size_t from, size_t to, uint64_t seed) {
+  fill_range(p, from, to, seed);
+  return SIZE_MAX;
+}
+NOCOV static size_t check_adapter(unsigned char* p, size_t from, size_t to, uint64_t seed) {
+  return check_range(p, from, to, seed);
+}
+NOCOV static size_t visit(unsigned char* p, size_t n, uint64_t seed, range_fn fn) {
+  if (n <= BIG) return fn(p, 0, n, seed);
+  size_t r = fn(p, 0, 4096, seed);
+  if (r != SIZE_MAX) return r;
+  for (size_t off = 4096; off + 4096 < n; off += 4096) {
+    r = fn(p, off, off + 64, seed);
+    if (r != SIZE_MAX) return r;
+  }
+  return fn(p, n - 4096, n, seed);
+}
+/* Checks the bytes of [0, keep) that a block of `usable` bytes had patterned (after a
+ * realloc moved or resized it to q). */
+NOCOV static size_t check_prefix(const unsigned char* q, size_t usable, size_t keep, uint64_t seed) {
+  if (usable <= BIG) return check_range(q, 0, keep, seed);
+  size_t r = check_range(q, 0, keep < 4096 ? keep : 4096, seed);
+  for (size_t off = 4096; r == SIZE_MAX && off + 4096 < usable && off < keep; off += 4096)
+    r = check_range(q, off, off + 64 < keep ? off + 64 : keep, seed);
+  if (r == SIZE_MAX && usable - 4096 < keep) r = check_range(q, usable - 4096, keep, seed);
+  return r;
+}
+static void fill_blk(blk_t* b) { visit(b->p, b->usable, b->seed, fill_adapter); }
+static void check_blk(const blk_t* b, const char* when) {
+  size_t off = visit(b->p, b->usable, b->seed, check_adapter);
+  if (off != SIZE_MAX)
+    FAIL("%s: block %p (size %zu, usable %zu, align %zu) corrupted at offset %zu", when,
+         (void*)b->p, b->n, b->usable, b->align, off);
+}
+/* Keel's page map must still describe a live block as live. */
+static void check_kind(const blk_t* b) {
+  uint8_t k = keel_pagemap_get(b->p);
+  int ok = (k >= 1 && k < KEEL_NUM_CLASSES) || k == KEEL_KIND_LARGE || k == KEEL_KIND_HUGE;
+  if (!ok)
+    FAIL("live block %p (size %zu, usable %zu, align %zu): page map says 0x%02x", (void*)b->p,
+         b->n, b->usable, b->align, k);
+}
+static void check_edges(const blk_t* b) {
+  check_kind(b);
+  size_t u = b->usable, k = u < 16 ? u : 16;
+  size_t off = check_range(b->p, 0, k, b->seed);
+  if (off == SIZE_MAX) off = check_range(b->p, u - k, u, b->seed);
+  if (off != SIZE_MAX)
+    FAIL("block %p (size %zu, usable %zu) corrupted at offset %zu (edge check)", (void*)b->p, b->n,
+         b->usable, off);
+}
+NOCOV static int is_zero(const unsigned char* p, size_t n) {
+  if (n <= BIG) {
+    for (size_t i = 0; i < n; i++)
+      if (p[i]) return 0;
+    return 1;
+  }
+  for (size_t i = 0; i < 4096; i++)
+    if (p[i] || p[n - 1 - i]) return 0;
+  for (size_t off = 0; off < n; off += 4096)
+    for (size_t i = off; i < off + 64 && i < n; i++)
+      if (p[i]) return 0;
+  return 1;
+}
+
+/* ----------------------------------------------------------------- input --- */
+
+typedef struct {
+  const uint8_t* d;
+  size_t n, i;
+} in_t;
+
+static uint8_t u8(in_t* in) { return in->i < in->n ? in->d[in->i++] : 0; }
+static uint32_t u32(in_t* in) {
+  uint32_t v = 0;
+  for (int k = 0; k < 4; k++) v |= (uint32_t)u8(in) << (8 * k);
+  return v;
+}
+
+static const size_t edge_sizes[] = {
+    0,       1,       15,      16,      17,      1023,    1024,    1025,    4095,     4096,
+    4097,    65535,   65536,   65537,   131071,  131072,  131073,  1048575, 1048576,  1048577,
+    2097152, 4194304, 4194305, 6291456, 8388608,
+};
+#define NEDGE (sizeof edge_sizes / sizeof edge_sizes[0])
+
+static size_t get_size(in_t* in) {
+  uint8_t t = u8(in);
+  uint32_t r = u32(in);
+  if (t < 100) return 1 + r % 256;
+  if (t < 160) return 257 + r % 16128;
+  if (t < 200) return 16385 + r % (131072 + 4096 - 16384);
+  if (t < 230) return 131073 + r % (1048576 + 4096 - 131072);
+  if (t < 240) return 1048577 + r % (7u << 20);
+  if (t < 254) return edge_sizes[r % NEDGE];
+  /* absurd: must fail with ENOMEM */
+  static const size_t absurd[] = {SIZE_MAX, SIZE_MAX - 4095, (size_t)PTRDIFF_MAX,
+                                  (size_t)PTRDIFF_MAX + 1, (size_t)1 << 62};
+  return absurd[r % 5];
+}
+static int absurd_size(size_t n) { return n >= ((size_t)1 << 62); }
+
+static size_t get_align(in_t* in, int* valid_posix) {
+  static const size_t al[] = {0,       1,        2,       3,       4,      8,      16,
+                              24,      32,       48,      64,      100,    128,    256,
+                              512,     1024,     2048,    4096,    8192,   16384,  32768,
+                              65536,   131072,   262144,  1 << 20, 2 << 20, 4 << 20, 8 << 20,
+                              (size_t)1 << 40,   ((size_t)1 << 63) + 1, (size_t)1 << 63,
+                              SIZE_MAX};
+  size_t a = al[u8(in) % (sizeof al / sizeof al[0])];
+  if (a > align_max && a <= ((size_t)1 << 63)) a = align_max;
+  *valid_posix = a != 0 && (a & (a - 1)) == 0 && a % sizeof(void*) == 0;
+  return a;
+}
+
+/* ---------------------------------------------------------------- helper --- */
+
+typedef enum { H_IDLE, H_FREE, H_ALLOC, H_EXIT } hcmd_t;
+static pthread_mutex_t hmu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hcv = PTHREAD_COND_INITIALIZER;
+static hcmd_t hcmd = H_IDLE;
+static int hbusy;
+static blk_t hq[MAXLIVE]; /* blocks handed to the helper (H_FREE) or made by it (H_ALLOC) */
+static size_t hq_n, halloc_sizes[8], halloc_n;
+static pthread_t helper;
+static int helper_up;
+
+static void* helper_main(void* arg) {
+  (void)arg;
+  pthread_mutex_lock(&hmu);
+  for (;;) {
+    while (!hbusy) pthread_cond_wait(&hcv, &hmu);
+    if (hcmd == H_EXIT) {
+      hbusy = 0;
+      pthread_cond_broadcast(&hcv);
+      pthread_mutex_unlock(&hmu);
+      return NULL;
+    }
+    if (hcmd == H_FREE) {
+      for (size_t i = 0; i < hq_n; i++) {
+        check_blk(&hq[i], "cross-thread free");
+        if (i & 1) keel_free(hq[i].p);
+        else keel_free_sized(hq[i].p, hq[i].n);
+      }
+      hq_n = 0;
+    } else if (hcmd == H_ALLOC) {
+      hq_n = 0;
+      for (size_t i = 0; i < halloc_n; i++) {
+        size_t n = halloc_sizes[i];
+        unsigned char* p = (unsigned char*)keel_malloc(n);
+        if (!p) FAIL("helper: malloc(%zu) failed", n);
+        blk_t b = {p, n, keel_malloc_usable_size(p), 16, 0x1234 + i * 77 + n, 0};
+        if (b.usable < n) FAIL("helper: usable %zu < %zu", b.usable, n);
+        fill_blk(&b);
+        hq[hq_n++] = b;
+      }
+    }
+    hbusy = 0;
+    pthread_cond_broadcast(&hcv);
+  }
+}
+
+static void helper_run(hcmd_t c) {
+  if (!helper_up) {
+    if (pthread_create(&helper, NULL, helper_main, NULL) != 0) FAIL("pthread_create");
+    helper_up = 1;
+  }
+  pthread_mutex_lock(&hmu);
+  hcmd = c;
+  hbusy = 1;
+  pthread_cond_broadcast(&hcv);
+  while (hbusy) pthread_cond_wait(&hcv, &hmu);
+  pthread_mutex_unlock(&hmu);
+  if (c == H_EXIT) {
+    pthread_join(helper, NULL);
+    helper_up = 0;
+  }
+}
+
+/* ----------------------------------------------------------------- model --- */
+
+static void forget(int slot) {
+  live_bytes -= live[slot].usable;
+  live[slot].p = NULL;
+}
+
+/* Registers a fresh block in slot: checks alignment and usable size, zeroes for calloc,
+ * then fills the whole usable size. */
+static void adopt(int slot, void* p, size_t n, size_t align, int zeroed, uint64_t seed) {
+  blk_t* b = &live[slot];
+  if ((uintptr_t)p % align != 0) FAIL("%p (size %zu) not aligned to %zu", p, n, align);
+  size_t u = keel_malloc_usable_size(p);
+  if (u < n) FAIL("usable size %zu < requested %zu for %p", u, n, p);
+  /* Keel (like glibc) keeps a block that realloc shrinks to half or more. */
+  if (u > 2 * n + ((size_t)128 << 10) + align)
+    FAIL("usable size %zu is far above the request %zu (align %zu)", u, n, align);
+  if (zeroed && !is_zero((unsigned char*)p, n)) FAIL("calloc(%zu) block %p is not zeroed", n, p);
+  TRACE("  slot %d <- %p size %zu usable %zu align %zu%s\n", slot, p, n, u, align, zeroed ? " (calloc)" : "");
+  note(-1, slot, p, n, "adopt");
+  b->p = (unsigned char*)p;
+  b->n = n;
+  b->usable = u;
+  b->align = align;
+  b->seed = seed;
+  b->zero = zeroed;
+  live_bytes += u;
+  fill_blk(b);
+}
+
+static void release(int slot, int how) {
+  blk_t* b = &live[slot];
+  TRACE("  free slot %d %p (size %zu) how %d\n", slot, (void*)b->p, b->n, how % 4);
+  note(how % 4, slot, b->p, b->n, "free");
+  check_blk(b, "before free");
+  switch (how % 4) {
+    case 0: keel_free(b->p); break;
+    case 1: keel_free_sized(b->p, b->n); break;
+    case 2: keel_free_aligned_sized(b->p, b->align, b->n); break;
+    default:
+      if (keel_realloc(b->p, 0) != NULL) FAIL("realloc(p, 0) did not return NULL");
+      break;
+  }
+  forget(slot);
+}
+
+static int fits(size_t n) { return n < LIVE_CAP && live_bytes + n < LIVE_CAP; }
+
+/* An allocation result: p may be NULL only when `may_fail` (failing mmaps, absurd
+ * requests); then errno must be ENOMEM (EINVAL where einval_ok). */
+static int expect(void* p, int err, int may_fail, const char* call, size_t n) {
+  if (p) return 1;
+  if (!may_fail) FAIL("%s(%zu) returned NULL (errno %d) without a reason", call, n, err);
+  if (err != ENOMEM) FAIL("%s(%zu) returned NULL with errno %d, expected ENOMEM", call, n, err);
+  return 0;
+}
+
+static void end_input(void) {
+  _keel_prim_fail_maps(0);
+  if (helper_up && hq_n) helper_run(H_FREE);
+  for (int i = 0; i < MAXLIVE; i++)
+    if (live[i].p) release(i, i);
+  if (live_bytes != 0) FAIL("live byte count %zu after freeing everything", live_bytes);
+  _keel_verify();
+}
+
+static void verify_all(void) {
+  for (int i = 0; i < MAXLIVE; i++)
+    if (live[i].p) check_blk(&live[i], "periodic check");
+  _keel_verify();
+}
+
+int LLVMFuzzerInitialize(int* argc, char*** argv) {
+  (void)argc;
+  (void)argv;
+  page_size = (size_t)sysconf(_SC_PAGESIZE);
+  trace = getenv("FUZZ_KEEL_TRACE") != NULL;
+  if (getenv("FUZZ_KEEL_ALIGN_MAX")) align_max = strtoull(getenv("FUZZ_KEEL_ALIGN_MAX"), NULL, 0);
+  return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  in_t in = {data, size, 0};
+  long inject = 0; /* failing mmaps are armed for this many more steps */
+  stat_inputs++;
+  for (unsigned step = 0; in.i < in.n && step < 4096; step++) {
+    uint8_t op = u8(&in);
+    int slot = u8(&in) % MAXLIVE;
+    blk_t* b = &live[slot];
+    uint64_t seed = ((uint64_t)step << 32) ^ (uint64_t)in.i * 0x9E3779B97F4A7C15ull ^ op;
+    int may_fail = inject > 0;
+    stat_ops++;
+    TRACE("step %u: op %u slot %d%s\n", step, op % 20, slot, may_fail ? " (mmap failing)" : "");
+    cur_step = step;
+    note(op % 20, slot, b->p, b->n, "step");
+    switch (op % 20) {
+      case 0:
+      case 1: { /* malloc */
+        size_t n = get_size(&in);
+        if (b->p) release(slot, op);
+        if (!absurd_size(n) && !fits(n)) break;
+        errno = 0;
+        void* p = keel_malloc(n);
+        if (expect(p, errno, may_fail || absurd_size(n), "malloc", n)) {
+          if (absurd_size(n)) FAIL("malloc(%zu) succeeded", n);
+          adopt(slot, p, n, 16, 0, seed);
+        }
+        break;
+      }
+      case 2: { /* calloc */
+        size_t n = get_size(&in);
+        size_t cnt = 1 + u8(&in) % 8;
+        if (b->p) release(slot, op);
+        size_t total;
+        int ovf = __builtin_mul_overflow(n, cnt, &total);
+        if (!ovf && !absurd_size(total) && !fits(total)) break;
+        errno = 0;
+        void* p = keel_calloc(cnt, n);
+        int must_fail = ovf || absurd_size(total);
+        if (expect(p, errno, may_fail || must_fail, "calloc", total)) {
+          if (must_fail) FAIL("calloc(%zu, %zu) succeeded", cnt, n);
+          adopt(slot, p, total, 16, 1, seed);
+        }
+        break;
+      }
+      case 3:
+      case 4: { /* realloc */
+        size_t n = get_size(&in);
+        if (!absurd_size(n) && !fits(n + (b->p ? 0 : 0))) break;
+        errno = 0;
+        if (!b->p) {
+          void* p = keel_realloc(NULL, n);
+          if (expect(p, errno, may_fail || absurd_size(n), "realloc(NULL)", n))
+            adopt(slot, p, n, 16, 0, seed);
+          break;
+        }
+        check_blk(b, "before realloc");
+        if (n == 0) {
+          if (keel_realloc(b->p, 0) != NULL) FAIL("realloc(p, 0) did not return NULL");
+          forget(slot);
+          break;
+        }
+        void* q = keel_realloc(b->p, n);
+        if (!expect(q, errno, may_fail || absurd_size(n), "realloc", n)) {
+          check_blk(b, "after failed realloc"); /* untouched, still ours */
+          break;
+        }
+        if ((uintptr_t)q % 16) FAIL("realloc result %p not 16-aligned", q);
+        size_t keep = b->n < n ? b->n : n;
+        size_t off = check_prefix((unsigned char*)q, b->usable, keep, b->seed);
+        if (off != SIZE_MAX)
+          FAIL("realloc %p (%zu) -> %p (%zu) lost data at offset %zu", (void*)b->p, b->n, q, n, off);
+        forget(slot);
+        adopt(slot, q, n, 16, 0, seed);
+        break;
+      }
+      case 5: { /* reallocarray, with overflow */
+        size_t n = get_size(&in) % (1u << 20);
+        size_t cnt = u8(&in) == 255 ? SIZE_MAX / 2 : 1 + u8(&in) % 4;
+        size_t total;
+        int ovf = __builtin_mul_overflow(n, cnt, &total);
+        if (!ovf && !fits(total)) break;
+        errno = 0;
+        void* q = keel_reallocarray(b->p, cnt, n);
+        if (ovf) {
+          if (q) FAIL("reallocarray overflow succeeded");
+          if (errno != ENOMEM) FAIL("reallocarray overflow: errno %d", errno);
+          if (b->p) check_blk(b, "after reallocarray overflow");
+          break;
+        }
+        if (total == 0 && b->p) { /* realloc(p, 0) semantics */
+          if (q) FAIL("reallocarray(p, 0) returned %p", q);
+          forget(slot);
+          break;
+        }
+        if (!expect(q, errno, may_fail, "reallocarray", total)) break;
+        if (b->p) {
+          size_t keep = b->n < total ? b->n : total;
+          size_t off = check_prefix((unsigned char*)q, b->usable, keep, b->seed);
+          if (off != SIZE_MAX) FAIL("reallocarray lost data at %zu", off);
+          forget(slot);
+        }
+        adopt(slot, q, total, 16, 0, seed);
+        break;
+      }
+      case 6:
+      case 7: { /* posix_memalign */
+        int valid;
+        size_t a = get_align(&in, &valid);
+        size_t n = get_size(&in);
+        if (b->p) release(slot, op);
+        if (!absurd_size(n) && !fits(n + (a < (1u << 24) ? a : 0))) break;
+        void* out = (void*)0x1;
+        int rc = keel_posix_memalign(&out, a, n);
+        if (!valid) {
+          if (rc != EINVAL) FAIL("posix_memalign(align %zu) = %d, expected EINVAL", a, rc);
+          if (out != (void*)0x1) FAIL("posix_memalign changed *out on EINVAL");
+          break;
+        }
+        int may = may_fail || absurd_size(n) || a > ((size_t)1 << 30);
+        if (rc != 0) {
+          if (!may) FAIL("posix_memalign(%zu, %zu) = %d", a, n, rc);
+          if (rc != ENOMEM) FAIL("posix_memalign(%zu, %zu) = %d, expected ENOMEM", a, n, rc);
+          if (out != (void*)0x1) FAIL("posix_memalign changed *out on failure");
+          break;
+        }
+        if (absurd_size(n)) FAIL("posix_memalign(%zu, %zu) succeeded", a, n);
+        adopt(slot, out, n, a < 16 ? 16 : a, 0, seed);
+        break;
+      }
+      case 8:
+      case 9: { /* aligned_alloc / memalign: glibc 2.36 semantics */
+        int valid;
+        size_t a = get_align(&in, &valid);
+        size_t n = get_size(&in);
+        if (b->p) release(slot, op);
+        size_t eff = a <= 16 ? 16 : a;
+        if (a > 16 && (a & (a - 1))) { /* rounded up to a power of two */
+          eff = 1;
+          while (eff < a && eff) eff <<= 1;
+        }
+        int einval = a > ((size_t)1 << 63);
+        if (!absurd_size(n) && !einval && !fits(n + (eff < (1u << 24) ? eff : 0))) break;
+        errno = 0;
+        void* p = op % 20 == 8 ? keel_aligned_alloc(a, n) : keel_memalign(a, n);
+        int err = errno;
+        if (einval) {
+          if (p || err != EINVAL) FAIL("memalign(align %zu) = %p errno %d, expected EINVAL", a, p, err);
+          break;
+        }
+        int may = may_fail || absurd_size(n) || eff > ((size_t)1 << 30);
+        if (expect(p, err, may, "memalign", n)) {
+          if (absurd_size(n)) FAIL("memalign(%zu, %zu) succeeded", a, n);
+          adopt(slot, p, n, eff, 0, seed);
+        }
+        break;
+      }
+      case 10: { /* valloc / pvalloc */
+        size_t n = get_size(&in) % (3u << 20);
+        int pv = u8(&in) & 1;
+        if (b->p) release(slot, op);
+        size_t want = pv ? (n ? (n + page_size - 1) / page_size * page_size : page_size) : n;
+        if (!fits(want + page_size)) break;
+        errno = 0;
+        void* p = pv ? keel_pvalloc(n) : keel_valloc(n);
+        if (expect(p, errno, may_fail, pv ? "pvalloc" : "valloc", n)) adopt(slot, p, want, page_size, 0, seed);
+        break;
+      }
+      case 11:
+      case 12: /* free */
+        if (b->p) release(slot, op);
+        else keel_free(NULL);
+        break;
+      case 13: /* usable size of a live block: stable */
+        if (b->p) {
+          size_t u = keel_malloc_usable_size(b->p);
+          if (u != b->usable) FAIL("usable size of %p changed: %zu -> %zu", (void*)b->p, b->usable, u);
+          check_blk(b, "usable size check");
+        } else if (keel_malloc_usable_size(NULL) != 0) {
+          FAIL("malloc_usable_size(NULL) != 0");
+        }
+        break;
+      case 14: /* hand the block to the helper thread (freed there on the next sync) */
+        if (b->p && hq_n < MAXLIVE) {
+          check_blk(b, "before hand-over");
+          hq[hq_n++] = *b;
+          forget(slot);
+        }
+        break;
+      case 15: { /* helper: free what it was given, then allocate blocks for us */
+        if (inject > 0) break; /* the helper must not fail */
+        if (hq_n) helper_run(H_FREE);
+        halloc_n = u8(&in) % 8;
+        for (size_t i = 0; i < halloc_n; i++) halloc_sizes[i] = 1 + u32(&in) % (200u << 10);
+        size_t sum = 0;
+        for (size_t i = 0; i < halloc_n; i++) sum += halloc_sizes[i] + 4096;
+        if (!fits(sum)) halloc_n = 0;
+        if (!halloc_n) break;
+        helper_run(H_ALLOC);
+        for (size_t i = 0; i < hq_n; i++) {
+          int s = (slot + (int)i) % MAXLIVE;
+          if (live[s].p) release(s, (int)i);
+          live[s] = hq[i];
+          live_bytes += hq[i].usable;
+          check_blk(&live[s], "made by the helper");
+        }
+        hq_n = 0;
+        break;
+      }
+      case 16: /* helper thread exits (its cache is flushed) and is started again later */
+        if (helper_up && inject == 0) {
+          if (hq_n) helper_run(H_FREE);
+          helper_run(H_EXIT);
+        }
+        break;
+      case 17: { /* flush, purge */
+        uint8_t k = u8(&in) % 3;
+        if (k == 0) keel_thread_flush();
+        else if (k == 1) keel_purge();
+        else verify_all();
+        break;
+      }
+      case 18: /* failing mmaps for the next few steps */
+        inject = 1 + u8(&in) % 8;
+        _keel_prim_fail_maps(1 + u8(&in) % 4 == 4 ? 1L << 30 : 1 + u8(&in) % 3);
+        break;
+      default: /* a block's contents */
+        if (b->p) check_blk(b, "content check");
+        break;
+    }
+    if (inject > 0 && --inject == 0) _keel_prim_fail_maps(0);
+    for (int i = 0; i < MAXLIVE; i++)
+      if (live[i].p) check_edges(&live[i]);
+    if (step % 64 == 63) verify_all();
+  }
+  end_input();
+  return 0;
+}
