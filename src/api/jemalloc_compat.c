@@ -78,44 +78,14 @@ static size_t round_up(size_t n, size_t to) { return (n + to - 1) & ~(to - 1); }
 
 /* ---- sizes --------------------------------------------------------------------------- */
 
-enum { TIER_NONE, TIER_SMALL, TIER_LARGE, TIER_HUGE };
-
-/* The usable size of the block _keel_alloc_any(n, align, ...) hands out, computed without
- * allocating, and its tier; 0 if the request can never succeed. Follows tiers.c (a class,
- * or for alignments up to a unit the first class whose size is a multiple of it), large.c
- * (whole units, at least one more than the largest class when aligned) and huge.c (whole
- * pages). tests/jemalloc checks it against real blocks over sizes and alignments. */
+/* Tiers and usable sizes come from the core (tiers.c), which allocates by the same
+ * rules, so nallocx cannot drift from what mallocx hands out. */
 static size_t plain_usable(size_t n, size_t align, int* tier) {
-  *tier = TIER_NONE;
-  if (n == 0) n = 1;
-  if (n > KEEL_MAX_ALLOC || align > JE_MAX_ALIGN) return 0;
-  if (align <= 16) {
-    if (n <= KEEL_CLASS_MAX) {
-      *tier = TIER_SMALL;
-      return _keel_classes[keel_size_class(n)].size;
-    }
-    if (n <= KEEL_LARGE_MAX) {
-      *tier = TIER_LARGE;
-      return round_up(n, KEEL_UNIT_SIZE);
-    }
-    *tier = TIER_HUGE;
-    return round_up(n, _keel_page_size);
+  if (align > JE_MAX_ALIGN) {
+    *tier = TIER_NONE;
+    return 0;
   }
-  size_t rounded = round_up(n, align); /* no overflow: n < 2^63, align <= 2^62 */
-  if (align <= KEEL_UNIT_SIZE && rounded <= KEEL_CLASS_MAX) {
-    unsigned cls = keel_size_class(rounded);
-    while (cls < KEEL_NUM_CLASSES && _keel_classes[cls].size % align != 0) cls++;
-    if (cls < KEEL_NUM_CLASSES) {
-      *tier = TIER_SMALL;
-      return _keel_classes[cls].size;
-    }
-  }
-  if (n <= KEEL_LARGE_MAX && align <= KEEL_CHUNK_SIZE / 2) {
-    *tier = TIER_LARGE;
-    return round_up(n > KEEL_CLASS_MAX ? n : KEEL_CLASS_MAX + 1, KEEL_UNIT_SIZE);
-  }
-  *tier = TIER_HUGE;
-  return round_up(n, _keel_page_size);
+  return _keel_usable_for(n, align, tier);
 }
 
 /* ---- allocation ---------------------------------------------------------------------- */

@@ -110,11 +110,16 @@ static void* cache_take(size_t size, size_t* dirty_bytes) {
   return p;
 }
 
-void* _keel_huge_alloc(size_t size, size_t align, bool zero) {
-  /* At least a unit: two huge blocks then never start in the same 64 KiB unit, which
-   * would make them share one page-map byte (an aligned request may be tiny). */
+/* At least a unit: two huge blocks then never start in the same 64 KiB unit, which
+ * would make them share one page-map byte (an aligned request may be tiny). */
+size_t _keel_huge_bytes(size_t size) {
   size_t bytes = round_pages(size < KEEL_UNIT_SIZE ? KEEL_UNIT_SIZE : size);
-  if (bytes < size) goto oom;
+  return bytes < size ? 0 : bytes;
+}
+
+void* _keel_huge_alloc(size_t size, size_t align, bool zero) {
+  size_t bytes = _keel_huge_bytes(size);
+  if (bytes == 0) goto oom;
   void* p = NULL;
   size_t dirty = 0;
   keel_lock(&huge_lock);

@@ -224,6 +224,7 @@ size_t _keel_large_usable(const void* p) KEEL_INTERNAL;
 void* _keel_large_realloc(void* p, size_t size) KEEL_INTERNAL; /* NULL: caller copies */
 
 void* _keel_huge_alloc(size_t size, size_t align, bool zero) KEEL_INTERNAL;
+size_t _keel_huge_bytes(size_t size) KEEL_INTERNAL; /* mapping size for a request (0: too big) */
 bool _keel_huge_free(void* p) KEEL_INTERNAL;               /* false: not a live huge block */
 size_t _keel_huge_usable(const void* p) KEEL_INTERNAL;      /* 0: not a live huge block */
 void* _keel_huge_realloc(void* p, size_t size) KEEL_INTERNAL; /* NULL: caller falls back */
@@ -238,6 +239,8 @@ void _keel_huge_stats(keel_stats_t* out) KEEL_INTERNAL;
  * small blocks straight from the central lists. Sets ENOMEM on failure. */
 void* _keel_alloc_any(size_t n, size_t align, bool zero, bool via_cache) KEEL_INTERNAL;
 void* _keel_alloc_direct(unsigned cls) KEEL_INTERNAL;
+enum { TIER_NONE, TIER_SMALL, TIER_LARGE, TIER_HUGE };
+size_t _keel_usable_for(size_t n, size_t align, int* tier) KEEL_INTERNAL;
 /* Usable size of a live block; reports misuse (naming `call`) for anything else. */
 size_t _keel_usable_size(const void* p, const char* call) KEEL_INTERNAL;
 

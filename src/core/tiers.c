@@ -80,3 +80,41 @@ size_t _keel_usable_size(const void* p, const char* call) {
   }
   return n;
 }
+
+static size_t keel_round_up(size_t n, size_t a) { return (n + a - 1) & ~(a - 1); }
+
+/* The usable size of the block _keel_alloc_any(n, align, ...) hands out, computed without
+ * allocating, and its tier; 0 if the request can never succeed. Must follow the choices
+ * of _keel_alloc_any above (tests/jemalloc checks nallocx against real blocks). */
+size_t _keel_usable_for(size_t n, size_t align, int* tier) {
+  *tier = TIER_NONE;
+  if (n == 0) n = 1;
+  if (n > KEEL_MAX_ALLOC) return 0;
+  if (align <= 16) {
+    if (n <= KEEL_CLASS_MAX) {
+      *tier = TIER_SMALL;
+      return _keel_classes[keel_size_class(n)].size;
+    }
+    if (n <= KEEL_LARGE_MAX) {
+      *tier = TIER_LARGE;
+      return keel_round_up(n, KEEL_UNIT_SIZE);
+    }
+    *tier = TIER_HUGE;
+    return _keel_huge_bytes(n);
+  }
+  size_t rounded = keel_round_up(n, align); /* no overflow: n < 2^63, align <= 2^62 */
+  if (align <= KEEL_UNIT_SIZE && rounded <= KEEL_CLASS_MAX) {
+    unsigned cls = keel_size_class(rounded);
+    while (cls < KEEL_NUM_CLASSES && _keel_classes[cls].size % align != 0) cls++;
+    if (cls < KEEL_NUM_CLASSES) {
+      *tier = TIER_SMALL;
+      return _keel_classes[cls].size;
+    }
+  }
+  if (n <= KEEL_LARGE_MAX && align <= KEEL_CHUNK_SIZE / 2) {
+    *tier = TIER_LARGE;
+    return keel_round_up(n > KEEL_CLASS_MAX ? n : KEEL_CLASS_MAX + 1, KEEL_UNIT_SIZE);
+  }
+  *tier = TIER_HUGE;
+  return _keel_huge_bytes(n);
+}
