@@ -122,26 +122,25 @@ def _read_consistent(m: mmap.mmap, pid: int) -> Snapshot:
     raise LiveError("could not read a consistent snapshot")
 
 
-def read(pid: int, timeout: float = 3.0) -> Snapshot:
-    """Fresh statistics of a running Keel process."""
+def _request(pid: int, req_off: int, ans_off: int, timeout: float) -> Snapshot:
+    """Bumps one request counter, waits for the process's answer, reads the figures."""
     m, f = _open(pid)
     try:
-        _bump_and_wait(m, OFF_REQUEST, OFF_ANSWERED, timeout)
+        _bump_and_wait(m, req_off, ans_off, timeout)
         return _read_consistent(m, pid)
     finally:
         m.close()
         f.close()
+
+
+def read(pid: int, timeout: float = 3.0) -> Snapshot:
+    """Fresh statistics of a running Keel process."""
+    return _request(pid, OFF_REQUEST, OFF_ANSWERED, timeout)
 
 
 def purge(pid: int, timeout: float = 10.0) -> Snapshot:
     """Asks the process to return its free memory to the OS now; returns the figures after."""
-    m, f = _open(pid)
-    try:
-        _bump_and_wait(m, OFF_PURGE_REQ, OFF_PURGE_ANS, timeout)
-        return _read_consistent(m, pid)
-    finally:
-        m.close()
-        f.close()
+    return _request(pid, OFF_PURGE_REQ, OFF_PURGE_ANS, timeout)
 
 
 def profile(pid: int, timeout: float = 30.0) -> str:
