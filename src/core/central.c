@@ -9,6 +9,7 @@
 
 keel_central_t _keel_central[KEEL_NUM_CLASSES];
 uint64_t _keel_ticks;
+static uint64_t trimmed_bytes; /* returned to the OS from inside partly used slabs */
 
 static inline void* slab_base(keel_chunk_t* c, keel_slab_t* head) {
   return keel_unit_addr(c, (unsigned)(head - c->units));
@@ -50,6 +51,7 @@ static keel_slab_t* slab_new(unsigned cls, bool sampled) {
   s->state = KEEL_UNIT_SLAB;
   s->cls = (uint8_t)cls;
   s->sampled = sampled;
+  s->needs_trim = 0;
   s->used = 0;
   s->scan = 0;
   unsigned words = (k->count + 63) / 64;
@@ -178,6 +180,8 @@ static void slab_put(keel_central_t* cl, unsigned cls, void* p) {
     _keel_misuse("free", "double free of pointer", p, NULL, k->size);
   }
   s->free_bits[idx / 64] |= bit;
+  s->needs_trim = 1;
+  s->put_tick = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
   if ((uint32_t)(idx / 64) < s->scan) s->scan = (uint32_t)(idx / 64);
   s->used--;
   cl->out--;
@@ -262,16 +266,54 @@ void _keel_central_drain_all(void) {
   }
 }
 
-void _keel_central_decay(uint64_t idle_ticks) {
+static bool blocks_free(const keel_slab_t* s, size_t first, size_t last) {
+  for (size_t i = first; i <= last; i++)
+    if (!((s->free_bits[i / 64] >> (i % 64)) & 1)) return false;
+  return true;
+}
+
+/* Lock held. Purges every OS page of slab s whose blocks are all free in the slab (a
+ * block that spans two pages keeps both). After deletes, most memory sits in slabs
+ * that still hold a few live blocks: this is how it goes back to the OS. */
+static void trim_slab(unsigned cls, keel_slab_t* s) {
+  const keel_class_t* k = &_keel_classes[cls];
+  char* base = (char*)slab_base(keel_chunk_of(s), s);
+  size_t page = _keel_page_size, bytes = (size_t)s->units << KEEL_UNIT_SHIFT;
+  size_t run_start = 0, run_len = 0;
+  for (size_t off = 0; off <= bytes; off += page) {
+    bool purgeable = false;
+    if (off < bytes) {
+      size_t first = off / k->size, last = (off + page - 1) / k->size;
+      if (first >= k->count) purgeable = true; /* the slab's unused tail */
+      else purgeable = blocks_free(s, first, last < k->count ? last : k->count - 1);
+    }
+    if (purgeable) {
+      if (run_len == 0) run_start = off;
+      run_len += page;
+    } else if (run_len) {
+      if (_keel_prim_purge(base + run_start, run_len))
+        __atomic_fetch_add(&trimmed_bytes, run_len, __ATOMIC_RELAXED);
+      run_len = 0;
+    }
+  }
+  s->needs_trim = 0;
+}
+
+__attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ticks) {
   uint64_t now = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     keel_central_t* cl = &_keel_central[cls];
-    if (__atomic_load_n(&cl->nbatches, __ATOMIC_RELAXED) == 0) continue;
+    if (cl->nbatches == 0 && cl->partial == NULL && cl->sampled_partial == NULL) continue;
     keel_lock(&cl->lock);
-    if (now - cl->touched >= idle_ticks) drain_transfer(cl, cls);
+    if (cl->nbatches > 0 && now - cl->touched >= idle_ticks) drain_transfer(cl, cls);
+    for (int sampled = 0; sampled < 2; sampled++)
+      for (keel_slab_t* s = sampled ? cl->sampled_partial : cl->partial; s != NULL; s = s->next)
+        if (s->needs_trim && (uint32_t)now - s->put_tick >= idle_ticks) trim_slab(cls, s);
     keel_unlock(&cl->lock);
   }
 }
+
+uint64_t _keel_central_trimmed_bytes(void) { return __atomic_load_n(&trimmed_bytes, __ATOMIC_RELAXED); }
 
 void _keel_central_lock_all(void) {
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) keel_lock(&_keel_central[cls].lock);

@@ -246,7 +246,7 @@ size_t _keel_huge_purge(bool all) {
   return released;
 }
 
-bool _keel_huge_cache_pending(void) { return __atomic_load_n(&cached_bytes, __ATOMIC_RELAXED) != 0; }
+__attribute__((no_sanitize("thread"))) bool _keel_huge_cache_pending(void) { return __atomic_load_n(&cached_bytes, __ATOMIC_RELAXED) != 0; }
 
 void _keel_huge_lock_all(void) { keel_lock(&huge_lock); }
 void _keel_huge_unlock_all(void) { keel_unlock(&huge_lock); }
@@ -261,6 +261,6 @@ void _keel_huge_stats(keel_stats_t* out) {
   out->committed += live_bytes + cached_bytes;
   out->cached += cached_bytes;
   out->metadata += table_cap * sizeof(huge_entry_t);
-  out->purged_bytes += huge_purged;
+  out->purged_bytes += __atomic_load_n(&huge_purged, __ATOMIC_RELAXED);
   keel_unlock(&huge_lock);
 }

@@ -102,9 +102,10 @@ typedef struct keel_slab_s {
   uint8_t units;     /* span length (head only) */
   uint8_t in_partial;
   uint8_t sampled;   /* slab: holds heap-profile samples only */
+  uint8_t needs_trim; /* slab: blocks came back since its free pages were last purged */
   uint32_t used;     /* slab: blocks out of the slab (live or in a cache) */
   uint32_t scan;     /* slab: first bitmap word that may have a free bit */
-  uint32_t pad;
+  uint32_t put_tick; /* slab: purger tick when a block last came back */
   uint64_t size;     /* large: usable size; free head: ms timestamp when freed */
   uint64_t free_bits[KEEL_SLAB_MAX_OBJECTS / 64]; /* slab: bit set = block free in slab */
 } keel_slab_t;
@@ -209,8 +210,11 @@ void* _keel_central_take_sampled(unsigned cls) KEEL_INTERNAL;
 bool _keel_central_is_free(unsigned cls, void* p) KEEL_INTERNAL;
 /* Returns the transfer caches' batches to their slabs so empty slabs can be released. */
 void _keel_central_drain_all(void) KEEL_INTERNAL;
-/* The same for classes whose transfer cache has not been used for `idle_ticks`. */
+/* The same for classes whose transfer cache has not been used for `idle_ticks`; and the
+ * OS pages inside partly used slabs that hold only free blocks, untouched for as long,
+ * go back to the OS. */
 void _keel_central_decay(uint64_t idle_ticks) KEEL_INTERNAL;
+uint64_t _keel_central_trimmed_bytes(void) KEEL_INTERNAL;
 void _keel_central_lock_all(void) KEEL_INTERNAL;
 void _keel_central_unlock_all(void) KEEL_INTERNAL;
 void _keel_central_reset_locks(void) KEEL_INTERNAL;

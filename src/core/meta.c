@@ -29,7 +29,7 @@ void* _keel_meta_alloc(size_t size) {
   }
   void* p = meta_cur; /* fresh mappings read as zero */
   meta_cur += size;
-  meta_total += size;
+  __atomic_fetch_add(&meta_total, size, __ATOMIC_RELAXED); /* read without the lock */
   keel_unlock(&meta_lock);
   return p;
 }

@@ -247,7 +247,8 @@ size_t _keel_pageheap_purge(bool all) {
   return n;
 }
 
-void _keel_pageheap_maybe_purge(void) {
+/* The unlocked reads here are hints (the purger rechecks under the lock). */
+__attribute__((no_sanitize("thread"))) void _keel_pageheap_maybe_purge(void) {
   uint64_t now = _keel_prim_clock_ms();
   if (__atomic_load_n(&dirty_units, __ATOMIC_RELAXED) == 0) return;
   if (now - __atomic_load_n(&last_purge_ms, __ATOMIC_RELAXED) < _keel_options.purge_delay_ms / 4)
@@ -257,7 +258,7 @@ void _keel_pageheap_maybe_purge(void) {
   keel_unlock(&heap_lock);
 }
 
-uint64_t _keel_pageheap_dirty_bytes(void) {
+__attribute__((no_sanitize("thread"))) uint64_t _keel_pageheap_dirty_bytes(void) {
   return __atomic_load_n(&dirty_units, __ATOMIC_RELAXED) << KEEL_UNIT_SHIFT;
 }
 

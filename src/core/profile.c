@@ -276,7 +276,7 @@ static void dump_named(const char* tag) {
   if (!_keel_profile_dump_to(path)) _keel_warn("cannot write heap profile ", path);
 }
 
-void _keel_profile_tick(void) {
+__attribute__((no_sanitize("thread"))) void _keel_profile_tick(void) {
   if (!_keel_profiling || _keel_options.profile_growth == 0) return;
   /* Each live sample stands for about `rate` bytes of the heap. */
   uint64_t count = __atomic_load_n(&live_count, __ATOMIC_RELAXED);

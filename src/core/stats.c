@@ -32,6 +32,7 @@ void _keel_stats_collect(keel_stats_t* out) {
   _keel_pageheap_stats(out);
   _keel_huge_stats(out); /* adds huge blocks to allocated/active/mapped/committed */
   out->metadata += _keel_meta_bytes();
+  out->purged_bytes += _keel_central_trimmed_bytes();
   out->os_page_size = _keel_page_size;
   out->huge_page_size =
       _keel_options.huge_page_size ? _keel_options.huge_page_size : _keel_prim_huge_page_size();

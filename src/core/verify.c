@@ -56,7 +56,10 @@ void _keel_verify(void) {
           verify_slab(c, k, s, used_by_class);
         } else {
           VERIFY(s->state == KEEL_UNIT_LARGE);
-          VERIFY(keel_pagemap_get(keel_unit_addr(c, k)) == KEEL_KIND_LARGE);
+          /* Large blocks set their page-map tag outside the page-heap lock, so a block
+           * being handed out or freed right now may still read NONE or FREED. */
+          uint8_t tag = keel_pagemap_get(keel_unit_addr(c, k));
+          VERIFY(tag == KEEL_KIND_LARGE || tag == KEEL_KIND_NONE || tag == KEEL_KIND_FREED);
           VERIFY(s->size == (uint64_t)s->units << KEEL_UNIT_SHIFT);
         }
         k += s->units;
