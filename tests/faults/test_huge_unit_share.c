@@ -19,6 +19,9 @@
  * unit, it frees A and then uses B (malloc_usable_size, realloc, free) in a child
  * process, which must exit normally. If the kernel placed B elsewhere the round is
  * retried (up to 20 times), then the test is skipped (exit 77) rather than passed.
+ * Since the fix (huge blocks are at least a unit, huge.c) A's mapping covers the rest of
+ * its unit, so the layout cannot arise: the test checks exactly that (from
+ * /proc/self/maps) and passes.
  * Also builds against glibc (where it passes):
  *   gcc -O1 -fno-builtin -D_GNU_SOURCE -pthread -Itests/harness -Itests/faults \
  *       tests/faults/test_huge_unit_share.c -o /tmp/t && /tmp/t
@@ -26,6 +29,18 @@
 #include "faults.h"
 
 #include <sys/wait.h>
+
+/* End of the mapping that contains address a (0 if none). */
+static uintptr_t mapping_end(uintptr_t a) {
+  FILE* f = fopen("/proc/self/maps", "r");
+  if (!f) return 0;
+  uintptr_t end = 0, lo, hi;
+  char line[512];
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo <= a && a < hi) end = hi;
+  fclose(f);
+  return end;
+}
 
 /* Start of the first mapping above address a (0 if none found). */
 static uintptr_t next_mapping_above(uintptr_t a) {
@@ -51,6 +66,17 @@ int main(void) {
     void* a = aligned_alloc(align, 100);
     if (!CHECK(a != NULL)) break;
     memset(a, 0xaa, 100);
+    /* Fixed Keel: a huge block's mapping covers at least the rest of its first unit, so
+     * no other block can start there. That is the property; check it and stop. */
+    uintptr_t map_end = mapping_end((uintptr_t)a);
+    if (map_end >= ((uintptr_t)a / unit + 1) * unit) {
+      printf("round %d: A %p: its mapping ends at %#lx, past the end of its 64 KiB unit: "
+             "no other block can start in that unit\n", tries, a, (unsigned long)map_end);
+      CHECK(map_end >= ((uintptr_t)a / unit + 1) * unit);
+      free(a);
+      hits++;
+      break;
+    }
     uintptr_t end_a = (uintptr_t)a + 4096;
     uintptr_t above = next_mapping_above((uintptr_t)a);
     size_t hole = above > end_a ? above - end_a : 0;

@@ -65,7 +65,11 @@ log=${out%.json}.log
 xml=${out%.json}.junit.xml
 t0=$SECONDS
 echo "python ($mode, ${lib##*/}): ${env_pre[*]:1} $py ${args[*]}" | tee "$log"
-(cd "$work" && "${env_pre[@]}" $py "${args[@]}") </dev/null >>"$log" 2>&1
+# SIGINT back to its default first: a shell that starts this in the background ignores
+# it, children inherit that, and then CPython's own InterruptMainTests (interrupt_main
+# raises KeyboardInterrupt only when SIGINT is handled) fail under any allocator.
+launch='import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); sys.argv[0] = "python -m test"; runpy.run_module("test", run_name="__main__", alter_sys=True)'
+(cd "$work" && "${env_pre[@]}" $py -c "$launch" "${args[@]:2}") </dev/null >>"$log" 2>&1
 rc=$?
 secs=$((SECONDS - t0))
 cp "$work/junit.xml" "$xml" 2>/dev/null || rm -f "$xml"
