@@ -687,6 +687,14 @@ class RedisServer(Server):
         return RedisClient(self.port, timeout=timeout)
 
 
+def _sql_client(argv: list, what: str, query: str, timeout: float) -> str:
+    """Runs a command-line SQL client once; its output, or SuiteError with its stderr."""
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise SuiteError(f"{what}: {query[:80]!r} failed: {r.stderr.strip()}")
+    return r.stdout.strip()
+
+
 # ---- MariaDB -------------------------------------------------------------------------
 
 
@@ -739,12 +747,9 @@ class MariaDBServer(Server):
                 *self.extra_args]
 
     def sql(self, query: str, timeout: float = 60.0) -> str:
-        r = subprocess.run([which("mariadb", "mariadb-client"), "--no-defaults", "--protocol=socket",
+        return _sql_client([which("mariadb", "mariadb-client"), "--no-defaults", "--protocol=socket",
                             "-S", self.socket_path, "-u", "root", "-N", "-B", "-e", query],
-                           capture_output=True, text=True, timeout=timeout)
-        if r.returncode != 0:
-            raise SuiteError(f"mariadb client: {query[:80]!r} failed: {r.stderr.strip()}")
-        return r.stdout.strip()
+                           "mariadb client", query, timeout)
 
     def _ready(self) -> bool:
         return self.sql("SELECT 1", timeout=10) == "1"
@@ -852,12 +857,9 @@ class PostgresServer(Server):
         return argv + self.extra_args
 
     def psql(self, query: str, db: str = "postgres", timeout: float = 120.0) -> str:
-        r = subprocess.run([self._pg("psql"), "-X", "-q", "-h", "127.0.0.1", "-p", str(self.port),
+        return _sql_client([self._pg("psql"), "-X", "-q", "-h", "127.0.0.1", "-p", str(self.port),
                             "-U", self.dbuser, "-d", db, "-At", "-v", "ON_ERROR_STOP=1", "-c", query],
-                           capture_output=True, text=True, timeout=timeout)
-        if r.returncode != 0:
-            raise SuiteError(f"psql: {query[:80]!r} failed: {r.stderr.strip()}")
-        return r.stdout.strip()
+                           "psql", query, timeout)
 
     def _ready(self) -> bool:
         return self.psql("SELECT 1", timeout=10) == "1"
