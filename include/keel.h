@@ -87,6 +87,28 @@ KEEL_API int keel_profile_dump(const char* path);
 /* Flushes the calling thread's cache of free blocks back to the shared lists. */
 KEEL_API void keel_thread_flush(void);
 
+/* Options. Every option is also an environment variable KEEL_<NAME> (`keel options`
+ * lists them with their defaults and meanings). Names: purge_delay, tcache_max,
+ * huge_page_size, thp, stats, background_purge, check, check_guard, publish,
+ * profile_rate, profile_growth, profile_at_exit, profile_leaks, profile_prefix.
+ *
+ * A program may define its own defaults, read once at start-up, before the environment
+ * (which wins, so an operator can still override the program):
+ *     const char* keel_conf = "purge_delay:250,thp:never";
+ * ("name:value" or "name=value", comma-separated). Under LD_PRELOAD the program must
+ * export the symbol (link with libkeel, or with -rdynamic). */
+KEEL_API extern const char* keel_conf;
+
+/* Sets an option while the program runs; the value is text, as in the environment
+ * ("250", "4M", "on", "never"). Returns 0, ENOENT for an unknown name, EINVAL for a bad
+ * value, or EBUSY for one that can only be chosen at start-up: check, huge_page_size,
+ * and profile_rate from or to 0 (a different non-zero rate may be set). */
+KEEL_API int keel_option_set(const char* name, const char* value);
+
+/* Copies an option's current value as text into buf (sizes in bytes, durations in
+ * milliseconds, booleans 1/0). Returns 0, ENOENT, or ERANGE if buf is too small. */
+KEEL_API int keel_option_get(const char* name, char* buf, size_t size);
+
 #ifdef __cplusplus
 }
 #endif

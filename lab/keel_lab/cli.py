@@ -244,7 +244,8 @@ def cmd_options(args) -> int:
         print(json.dumps([o.__dict__ for o in OPTIONS], indent=1))
         return EXIT_OK
     from rich.table import Table
-    t = Table(title="Keel options: environment variables read once at start-up",
+    t = Table(title="Keel options: environment variables (KEEL_<NAME>), keel_conf and "
+                    "keel_option_set() names (<name> in lower case)",
               title_justify="left", show_lines=True)
     t.add_column("variable", style="bold", no_wrap=True)
     t.add_column("type")
@@ -254,8 +255,13 @@ def cmd_options(args) -> int:
         t.add_row(o.env, o.kind, o.default, o.meaning)
     con = _console()
     con.print(t)
-    con.print("Sizes take K/M/G suffixes (1K = 1024); booleans 1/0, on/off, yes/no, true/false. "
+    con.print("Sizes take K/M/G suffixes (1K = 1024); durations milliseconds or seconds with "
+              "an s suffix; booleans 1/0, on/off, yes/no, true/false. "
               "A bad value prints a warning and the default is used.\n"
+              "A program may set its own defaults with  const char* keel_conf = "
+              "\"purge_delay:250,thp:never\";  the environment overrides them. While it "
+              "runs, keel_option_set(\"purge_delay\", \"250\") changes any option except "
+              "check, huge_page_size and switching profile_rate on or off.\n"
               "Example: keel run --allocator keel -- env KEEL_STATS=1 KEEL_PURGE_DELAY=200 "
               "PROGRAM")
     return EXIT_OK

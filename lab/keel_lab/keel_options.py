@@ -1,7 +1,8 @@
 """Keel's run-time options: the one table the lab uses (`keel options`, reports, deploy).
 
-The truth is src/core/options.c: every option is read once at start-up from the
-environment as KEEL_<NAME>. When an option is added there, add it here
+The truth is src/core/options.c: every option is read at start-up from the program's
+`keel_conf` string, then from the environment as KEEL_<NAME> (which wins), and most can
+be changed while the program runs with keel_option_set() (include/keel.h). When an option is added there, add it here
 (tests/test_cli.py fails until then). Sizes take K/M/G suffixes (binary: 1K = 1024), optionally
 followed by B or iB; booleans take 1/0, on/off, yes/no, true/false. A bad value prints
 one warning line and the default is used. tests/test_cli.py checks that this table and
@@ -21,7 +22,7 @@ class KeelOption:
 
 
 OPTIONS: tuple[KeelOption, ...] = (
-    KeelOption("KEEL_PURGE_DELAY", "milliseconds", "1000",
+    KeelOption("KEEL_PURGE_DELAY", "milliseconds (or Ns)", "1000",
                "How long freed memory stays mapped before it is returned to the OS "
                "(purged). Lower: smaller RSS after a burst, more page faults when memory is "
                "reused; 0: as soon as possible."),
@@ -32,6 +33,12 @@ OPTIONS: tuple[KeelOption, ...] = (
     KeelOption("KEEL_HUGE_PAGE_SIZE", "size (K/M/G)", "0 (ask the OS)",
                "Override the transparent huge page size Keel assumes; 0 uses what the "
                "kernel reports (/sys/kernel/mm/transparent_hugepage/hpage_pmd_size)."),
+    KeelOption("KEEL_THP", "system|always|never", "system",
+               "Transparent huge pages for Keel's own memory. system: no advice, the "
+               "machine's setting decides; always: madvise(MADV_HUGEPAGE), so Keel gets huge "
+               "pages even where the machine says madvise, and free memory is then returned "
+               "only in whole huge pages (never split); never: MADV_NOHUGEPAGE. The machine's "
+               "/sys/kernel/mm/transparent_hugepage setting is never changed."),
     KeelOption("KEEL_STATS", "bool", "off",
                "Print Keel's statistics (allocated, active, cached, mapped, committed, "
                "retained, metadata, purged bytes, threads) to stderr when the process exits."),
@@ -44,6 +51,10 @@ OPTIONS: tuple[KeelOption, ...] = (
                "poisoned and held in a quarantine, size words protected; overflows, writes "
                "after free, double and invalid frees are reported where they are seen. Much "
                "slower (no thread caches): not for production."),
+    KeelOption("KEEL_CHECK_GUARD", "size (K/M/G)", "0 (off)",
+               "With KEEL_CHECK: blocks at least this big get their own mapping with an "
+               "inaccessible guard page right after their end, so an overflow faults at "
+               "the first byte and is reported with the block's address and size."),
     KeelOption("KEEL_PUBLISH", "bool", "on",
                "Publish live statistics in /dev/shm/keel-<pid> (mode 0600) once the process "
                "has lived a second, so another process can read them and ask for a purge "

@@ -301,6 +301,10 @@ static void trim_slab(unsigned cls, keel_slab_t* s) {
 
 __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ticks) {
   uint64_t now = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  /* KEEL_THP=always: a slab (at most 1 MiB) never holds a whole huge page, so trimming
+   * its pages would only split the huge page around it. The slabs keep needs_trim and
+   * are trimmed if the policy changes back. */
+  bool trim = _keel_thp_purge_granule() <= _keel_page_size;
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     keel_central_t* cl = &_keel_central[cls];
     if (cl->nbatches == 0 && cl->partial == NULL && cl->sampled_partial == NULL) continue;
@@ -308,7 +312,7 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
     if (cl->nbatches > 0 && now - cl->touched >= idle_ticks) drain_transfer(cl, cls);
     for (int sampled = 0; sampled < 2; sampled++)
       for (keel_slab_t* s = sampled ? cl->sampled_partial : cl->partial; s != NULL; s = s->next)
-        if (s->needs_trim && (uint32_t)now - s->put_tick >= idle_ticks) trim_slab(cls, s);
+        if (trim && s->needs_trim && (uint32_t)now - s->put_tick >= idle_ticks) trim_slab(cls, s);
     keel_unlock(&cl->lock);
   }
 }

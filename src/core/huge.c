@@ -27,6 +27,25 @@ static size_t table_used;
 static cached_map_t cache[CACHE_SLOTS];
 static size_t cache_count;
 static uint64_t live_bytes, cached_bytes, huge_purged;
+static uint32_t thp_epoch; /* bumped by every run-time KEEL_THP change (huge lock held) */
+
+/* True if [a, a + n) holds a whole aligned huge page: otherwise the kernel cannot back
+ * any of it with one, and advice would only cost a system call (and split the mapping).
+ * When the huge page size is unknown the advice is given anyway. */
+static bool holds_huge_page(uintptr_t a, size_t n) {
+  size_t hp = _keel_thp_size();
+  if (hp == 0) return true;
+  uintptr_t first = (a + hp - 1) & ~(uintptr_t)(hp - 1);
+  return first >= a && first - a <= n && n - (first - a) >= hp;
+}
+
+/* Applies the KEEL_THP policy to the mapping [p, p + n). Mappings keep their advice when
+ * mremap grows or moves them, so only one that newly holds a whole huge page needs it
+ * again. */
+static void thp_advise(void* p, size_t n) {
+  int advice = _keel_thp_advice();
+  if (advice != 0 && holds_huge_page((uintptr_t)p, n)) _keel_prim_thp_advise(p, n, advice);
+}
 
 static size_t slot_of(uintptr_t a, size_t cap) {
   uint64_t h = (uint64_t)a * 0x9E3779B97F4A7C15ull;
@@ -103,6 +122,7 @@ static void* cache_take(size_t size, size_t* dirty_bytes) {
   } else if (m.size < size) {
     p = _keel_prim_remap(m.addr, m.size, size, true);
     if (p == NULL) return NULL; /* leave it cached; the caller maps afresh */
+    if (!holds_huge_page((uintptr_t)m.addr, m.size)) thp_advise(p, size);
   }
   cache[best] = cache[--cache_count];
   cached_bytes -= m.size;
@@ -123,16 +143,22 @@ void* _keel_huge_alloc(size_t size, size_t align, bool zero) {
   void* p = NULL;
   size_t dirty = 0;
   keel_lock(&huge_lock);
+  uint32_t epoch = thp_epoch;
   if (align <= _keel_page_size) p = cache_take(bytes, &dirty);
   keel_unlock(&huge_lock);
-  if (p == NULL) p = _keel_prim_map(bytes, align, NULL);
-  if (p == NULL) { /* give back what is retained, then try once more */
-    _keel_pageheap_purge(true);
-    _keel_huge_purge(true);
+  if (p == NULL) {
     p = _keel_prim_map(bytes, align, NULL);
+    if (p == NULL) { /* give back what is retained, then try once more */
+      _keel_pageheap_purge(true);
+      _keel_huge_purge(true);
+      p = _keel_prim_map(bytes, align, NULL);
+    }
+    if (p == NULL) goto oom;
+    thp_advise(p, bytes);
   }
-  if (p == NULL) goto oom;
   keel_lock(&huge_lock);
+  /* The policy changed while the block was in no table _keel_thp_apply_all walks. */
+  if (thp_epoch != epoch) thp_advise(p, bytes);
   bool ok = table_insert((uintptr_t)p, bytes) && _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_HUGE);
   if (ok) live_bytes += bytes;
   else if (table_find((uintptr_t)p)) table_remove(table_find((uintptr_t)p));
@@ -194,6 +220,31 @@ size_t _keel_huge_usable(const void* p) {
   return n;
 }
 
+/* The checked mode's guarded blocks (checked.c) live in mappings checked.c makes and
+ * unmaps itself; they are entered here only so that lookups, the FREED tag and the
+ * statistics treat them as huge blocks. */
+bool _keel_huge_adopt(void* p, size_t size) {
+  keel_lock(&huge_lock);
+  bool ok = table_insert((uintptr_t)p, size) && _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_HUGE);
+  if (ok) live_bytes += size;
+  else if (table_find((uintptr_t)p)) table_remove(table_find((uintptr_t)p));
+  keel_unlock(&huge_lock);
+  return ok;
+}
+
+size_t _keel_huge_disown(void* p) {
+  keel_lock(&huge_lock);
+  huge_entry_t* e = table_find((uintptr_t)p);
+  size_t size = e ? e->size : 0;
+  if (e) {
+    table_remove(e);
+    live_bytes -= size;
+    _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_FREED);
+  }
+  keel_unlock(&huge_lock);
+  return size;
+}
+
 void* _keel_huge_realloc(void* p, size_t size) {
   size_t bytes = round_pages(size);
   if (bytes < size) return NULL;
@@ -213,6 +264,7 @@ void* _keel_huge_realloc(void* p, size_t size) {
     keel_unlock(&huge_lock);
     return NULL;
   }
+  if (bytes > old && !holds_huge_page((uintptr_t)p, old)) thp_advise(q, bytes);
   table_remove(table_find((uintptr_t)p));
   _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_NONE);
   if (!table_insert((uintptr_t)q, bytes) || !_keel_pagemap_set((uintptr_t)q, 1, KEEL_KIND_HUGE))
@@ -247,6 +299,16 @@ size_t _keel_huge_purge(bool all) {
 }
 
 __attribute__((no_sanitize("thread"))) bool _keel_huge_cache_pending(void) { return __atomic_load_n(&cached_bytes, __ATOMIC_RELAXED) != 0; }
+
+/* _keel_thp_apply_all's part: live and cached huge blocks take the policy now. */
+void _keel_huge_thp_apply_all(void) {
+  keel_lock(&huge_lock);
+  thp_epoch++;
+  for (size_t i = 0; i < table_cap; i++)
+    if (table[i].addr != 0) thp_advise((void*)table[i].addr, table[i].size);
+  for (size_t i = 0; i < cache_count; i++) thp_advise(cache[i].addr, cache[i].size);
+  keel_unlock(&huge_lock);
+}
 
 void _keel_huge_lock_all(void) { keel_lock(&huge_lock); }
 void _keel_huge_unlock_all(void) { keel_unlock(&huge_lock); }

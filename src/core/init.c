@@ -31,7 +31,7 @@ void _keel_init(void) {
 /* ---- fork: every lock is taken before fork and released (parent) or reset (child),
  * so the child never inherits a lock held by a thread that does not exist there. The
  * order is the global lock order: registry, central (by class), page heap, huge,
- * page map leaves, metadata. */
+ * page map leaves, metadata, checked mode's quarantine. */
 void _keel_pagemap_lock_all(void);
 void _keel_pagemap_unlock_all(void);
 void _keel_pagemap_reset_locks(void);
@@ -44,10 +44,12 @@ static void fork_prepare(void) {
   _keel_huge_lock_all();
   _keel_pagemap_lock_all();
   _keel_meta_lock_all();
+  _keel_checked_lock_all();
 }
 
 static void fork_parent(void) {
   if (!_keel_ready) return;
+  _keel_checked_unlock_all();
   _keel_meta_unlock_all();
   _keel_pagemap_unlock_all();
   _keel_huge_unlock_all();
@@ -57,10 +59,10 @@ static void fork_parent(void) {
 }
 
 static _Atomic int background_state; /* 0 not started, 1 starting/running */
-static void background_start(void);
 
 static void fork_child(void) {
   if (!_keel_ready) return;
+  _keel_checked_reset_locks();
   _keel_meta_reset_locks();
   _keel_pagemap_reset_locks();
   _keel_huge_reset_locks();
@@ -68,7 +70,7 @@ static void fork_child(void) {
   _keel_central_reset_locks();
   _keel_tcache_after_fork_child();
   atomic_store(&background_state, 0); /* the purger thread did not survive the fork */
-  background_start();
+  _keel_background_start();
   _keel_publish_after_fork_child();
 }
 
@@ -97,16 +99,18 @@ static void* purger_main(void* arg) {
     __atomic_fetch_add(&_keel_ticks, 1, __ATOMIC_RELAXED);
     /* Transfer batches idle for the purge delay go back to their slabs, so that empty
      * slabs can be released and purged. */
-    _keel_central_decay(_keel_options.purge_delay_ms / tick + 1);
-    if (_keel_pageheap_dirty_bytes() != 0) _keel_pageheap_maybe_purge();
-    if (_keel_huge_cache_pending()) _keel_huge_purge(false);
+    if (__atomic_load_n(&_keel_options.background_purge, __ATOMIC_RELAXED)) {
+      _keel_central_decay(_keel_options.purge_delay_ms / tick + 1);
+      if (_keel_pageheap_dirty_bytes() != 0) _keel_pageheap_maybe_purge();
+      if (_keel_huge_cache_pending()) _keel_huge_purge(false);
+    }
     _keel_publish_tick();
     _keel_profile_tick();
   }
   return NULL;
 }
 
-static void background_start(void) {
+void _keel_background_start(void) {
   if (!_keel_options.background_purge) return;
   int expected = 0;
   if (!atomic_compare_exchange_strong(&background_state, &expected, 1)) return;
@@ -116,7 +120,7 @@ static void background_start(void) {
 __attribute__((constructor(101))) static void keel_process_init(void) {
   _keel_init();
   _keel_prim_atfork(fork_prepare, fork_parent, fork_child);
-  background_start();
+  _keel_background_start();
   _keel_publish_init();
 }
 

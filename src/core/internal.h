@@ -56,6 +56,8 @@
 #define KEEL_KIND_LARGE 0x80      /* first unit of a live large block */
 #define KEEL_KIND_HUGE 0x81       /* first unit of a live huge block */
 #define KEEL_KIND_FREED 0x82      /* first unit of a large/huge block that was freed */
+#define KEEL_KIND_GUARD 0xFB      /* checked mode: first unit of a guarded block's guard
+                                     pages, live or in the quarantine (checked.c) */
 /* Units of a slab holding heap-profile samples of class c are tagged 0x82 + c, so their
  * frees leave the fast path and the profiler can forget the sample. */
 #define KEEL_KIND_SAMPLED_FIRST 0x83
@@ -150,6 +152,14 @@ void _keel_pageheap_lock_all(void) KEEL_INTERNAL;
 void _keel_pageheap_unlock_all(void) KEEL_INTERNAL;
 void _keel_pageheap_reset_locks(void) KEEL_INTERNAL;
 void _keel_pageheap_stats(keel_stats_t* out) KEEL_INTERNAL;
+/* KEEL_THP changed at run time: call after storing the new _keel_options.thp; advises
+ * every chunk and huge block (live or cached) as the policy now says, under the page
+ * heap lock, then the huge lock (not nested). SYSTEM cannot undo earlier advice. */
+void _keel_thp_apply_all(void) KEEL_INTERNAL;
+int _keel_thp_advice(void) KEEL_INTERNAL;           /* policy as madvise advice: +1, -1, 0 */
+size_t _keel_thp_size(void) KEEL_INTERNAL;          /* huge page size in use (power of two) */
+size_t _keel_thp_purge_granule(void) KEEL_INTERNAL; /* smallest purge (0: any; always: a huge page) */
+void _keel_huge_thp_apply_all(void) KEEL_INTERNAL;  /* huge.c: advise huge blocks, live and cached */
 
 /* ---- page map (pagemap.c) -------------------------------------------------------------
  * Two levels: a static top array indexed by 1 GiB regions, and leaves of one byte per
@@ -233,6 +243,12 @@ bool _keel_huge_free(void* p) KEEL_INTERNAL;               /* false: not a live 
 size_t _keel_huge_usable(const void* p) KEEL_INTERNAL;      /* 0: not a live huge block */
 void* _keel_huge_realloc(void* p, size_t size) KEEL_INTERNAL; /* NULL: caller falls back */
 size_t _keel_huge_purge(bool all) KEEL_INTERNAL;
+/* A block in a mapping its caller made and keeps (the checked mode's guarded blocks):
+ * it is found, sized and counted like a huge block of `size` bytes, but huge.c never
+ * unmaps, caches or remaps it. Adopt: false if out of memory. Disown: the page map says
+ * FREED afterwards; returns the size, 0 if p was not adopted (or already disowned). */
+bool _keel_huge_adopt(void* p, size_t size) KEEL_INTERNAL;
+size_t _keel_huge_disown(void* p) KEEL_INTERNAL;
 void _keel_huge_lock_all(void) KEEL_INTERNAL;
 void _keel_huge_unlock_all(void) KEEL_INTERNAL;
 void _keel_huge_reset_locks(void) KEEL_INTERNAL;
@@ -256,6 +272,9 @@ void* _keel_checked_alloc(size_t n, size_t align, bool zero) KEEL_INTERNAL;
 void _keel_checked_free(void* p, const char* call) KEEL_INTERNAL;
 size_t _keel_checked_usable(const void* p, const char* call) KEEL_INTERNAL;
 void* _keel_checked_realloc(void* p, size_t n) KEEL_INTERNAL;
+void _keel_checked_lock_all(void) KEEL_INTERNAL;   /* fork: the quarantine lock */
+void _keel_checked_unlock_all(void) KEEL_INTERNAL;
+void _keel_checked_reset_locks(void) KEEL_INTERNAL;
 
 /* ---- thread caches (tcache.c) --------------------------------------------------------
  * A bin is a singly linked list of free blocks threaded through their first word.
@@ -315,10 +334,23 @@ typedef struct keel_options_s {
   bool profile_at_exit;     /* KEEL_PROFILE_AT_EXIT: dump a profile at exit */
   bool profile_leaks;       /* KEEL_PROFILE_LEAKS: report live sampled blocks at exit */
   char profile_prefix[200]; /* KEEL_PROFILE_PREFIX: dumps go to PREFIX.<pid>.<n>.heap */
+  int thp;                  /* KEEL_THP: keel_thp_policy_t for Keel's own memory */
+  uint64_t check_guard;     /* KEEL_CHECK_GUARD: checked-mode blocks this big get a guard
+                               page after their end (0: none) */
 } keel_options_t;
+
+/* KEEL_THP: what Keel asks of transparent huge pages for the memory it maps. */
+typedef enum keel_thp_policy_e {
+  KEEL_THP_SYSTEM = 0, /* no advice: the machine's setting decides */
+  KEEL_THP_ALWAYS = 1, /* MADV_HUGEPAGE: huge pages even where the machine says madvise */
+  KEEL_THP_NEVER = 2,  /* MADV_NOHUGEPAGE: never, whatever the machine says */
+} keel_thp_policy_t;
 
 extern keel_options_t _keel_options KEEL_INTERNAL;
 void _keel_options_init(void) KEEL_INTERNAL;
+/* What a run-time option change sets in motion. */
+void _keel_background_start(void) KEEL_INTERNAL; /* start the purger if not running */
+void _keel_publish_option_changed(void) KEEL_INTERNAL;
 
 /* ---- process life cycle (init.c) ------------------------------------------------------ */
 extern bool _keel_ready KEEL_INTERNAL; /* process state set up (page size, classes, options) */

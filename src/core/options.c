@@ -1,7 +1,18 @@
-/* options.c -- Keel's settings, read once from the environment (KEEL_<NAME>) without
- * allocating. Sizes take K/M/G suffixes; booleans take 1/0, on/off, yes/no, true/false.
- * A bad value gets one warning line and the default. */
+/* options.c -- Keel's settings, from three places, later ones winning:
+ *   1. the defaults below;
+ *   2. `keel_conf`, a string the program may define ("purge_delay:500,thp:never"), read
+ *      once at start-up like jemalloc's malloc_conf -- the only way for a program to set
+ *      the options that cannot change once memory has been handed out (check,
+ *      profile_rate from zero, huge_page_size);
+ *   3. the environment, KEEL_<NAME> -- the operator's word, so it overrides the program.
+ * keel_option_set()/keel_option_get() change and read them while the program runs.
+ * Sizes take K/M/G suffixes; booleans 1/0, on/off, yes/no, true/false; durations are
+ * milliseconds, or seconds with an "s" suffix. Nothing here allocates: start-up runs
+ * inside the first malloc. A bad value or unknown name from keel_conf or the environment
+ * gets one warning line and the current value is kept; from the API, an error code. */
 #include "core/internal.h"
+
+#include <errno.h>
 
 keel_options_t _keel_options = {
     .purge_delay_ms = 1000,
@@ -16,25 +27,76 @@ keel_options_t _keel_options = {
     .profile_at_exit = true,
     .profile_leaks = false,
     .profile_prefix = "/tmp/keel-profile",
+    .thp = KEEL_THP_SYSTEM,
+    .check_guard = 0,
+};
+
+/* The program's configuration string, if it defines one (weak: most do not). */
+extern const char* keel_conf __attribute__((weak, visibility("default")));
+
+typedef enum { K_MS, K_SIZE, K_BOOL, K_THP, K_PATH } opt_kind_t;
+
+/* When a value may change. */
+typedef enum {
+  AT_ANY_TIME,  /* read where it is used, so a new value takes effect at once */
+  AT_START,     /* fixed once the first block exists */
+  AT_START_ON,  /* profiling: the rate may change while on, not switch on or off */
+} opt_when_t;
+
+typedef struct {
+  const char* name; /* keel_conf and API name; the variable is KEEL_ + NAME in capitals */
+  opt_kind_t kind;
+  opt_when_t when;
+  void* field;
+} opt_t;
+
+static const opt_t OPTS[] = {
+    {"purge_delay", K_MS, AT_ANY_TIME, &_keel_options.purge_delay_ms},
+    {"tcache_max", K_SIZE, AT_ANY_TIME, &_keel_options.tcache_bytes},
+    {"huge_page_size", K_SIZE, AT_START, &_keel_options.huge_page_size},
+    {"thp", K_THP, AT_ANY_TIME, &_keel_options.thp},
+    {"stats", K_BOOL, AT_ANY_TIME, &_keel_options.stats_at_exit},
+    {"background_purge", K_BOOL, AT_ANY_TIME, &_keel_options.background_purge},
+    {"check", K_BOOL, AT_START, &_keel_options.check},
+    {"check_guard", K_SIZE, AT_ANY_TIME, &_keel_options.check_guard},
+    {"publish", K_BOOL, AT_ANY_TIME, &_keel_options.publish},
+    {"profile_rate", K_SIZE, AT_START_ON, &_keel_options.profile_rate},
+    {"profile_growth", K_SIZE, AT_ANY_TIME, &_keel_options.profile_growth},
+    {"profile_at_exit", K_BOOL, AT_ANY_TIME, &_keel_options.profile_at_exit},
+    {"profile_leaks", K_BOOL, AT_ANY_TIME, &_keel_options.profile_leaks},
+    {"profile_prefix", K_PATH, AT_ANY_TIME, &_keel_options.profile_prefix},
+};
+#define NOPTS (sizeof OPTS / sizeof OPTS[0])
+
+static const char* const THP_NAMES[] = {"system", "always", "never"};
+static const char* const KIND_HINT[] = {
+    [K_MS] = "milliseconds, or seconds with an s suffix",
+    [K_SIZE] = "a size like 512K, 4M",
+    [K_BOOL] = "1/0, on/off",
+    [K_THP] = "system, always or never",
+    [K_PATH] = "a path prefix",
 };
 
 static bool eq(const char* a, const char* b) { return strcmp(a, b) == 0; }
 
-static bool parse_bool(const char* v, bool* out) {
-  if (eq(v, "1") || eq(v, "on") || eq(v, "yes") || eq(v, "true")) return *out = true, true;
-  if (eq(v, "0") || eq(v, "off") || eq(v, "no") || eq(v, "false")) return *out = false, true;
-  return false;
+/* Decimal digits into *n; returns the first character after them, NULL on overflow or
+ * when there are no digits. */
+static const char* parse_digits(const char* s, uint64_t* n) {
+  if (*s < '0' || *s > '9') return NULL;
+  uint64_t v = 0;
+  for (; *s >= '0' && *s <= '9'; s++) {
+    if (v > (UINT64_MAX - 9) / 10) return NULL;
+    v = v * 10 + (uint64_t)(*s - '0');
+  }
+  *n = v;
+  return s;
 }
 
 /* Decimal number with an optional K/M/G (binary) suffix and optional trailing B/iB. */
 static bool parse_size(const char* v, uint64_t* out) {
-  uint64_t n = 0;
-  const char* s = v;
-  if (*s < '0' || *s > '9') return false;
-  for (; *s >= '0' && *s <= '9'; s++) {
-    if (n > (UINT64_MAX - 9) / 10) return false;
-    n = n * 10 + (uint64_t)(*s - '0');
-  }
+  uint64_t n;
+  const char* s = parse_digits(v, &n);
+  if (s == NULL) return false;
   unsigned shift = 0;
   switch (*s) {
     case 'k': case 'K': shift = 10; s++; break;
@@ -50,31 +112,175 @@ static bool parse_size(const char* v, uint64_t* out) {
   return true;
 }
 
-static void read_size(const char* name, uint64_t* field) {
-  char v[64];
-  if (!_keel_prim_getenv(name, v, sizeof v)) return;
-  if (!parse_size(v, field)) _keel_warn("ignoring bad value (want a size like 512K, 4M) of ", name);
+/* Milliseconds: "250", "250ms", "2s". */
+static bool parse_ms(const char* v, uint64_t* out) {
+  uint64_t n;
+  const char* s = parse_digits(v, &n);
+  if (s == NULL) return false;
+  if (eq(s, "") || eq(s, "ms")) return *out = n, true;
+  if (eq(s, "s") && n <= UINT64_MAX / 1000) return *out = n * 1000, true;
+  return false;
 }
 
-static void read_bool(const char* name, bool* field) {
-  char v[64];
-  if (!_keel_prim_getenv(name, v, sizeof v)) return;
-  if (!parse_bool(v, field)) _keel_warn("ignoring bad value (want 1/0, on/off) of ", name);
+static bool parse_bool(const char* v, bool* out) {
+  if (eq(v, "1") || eq(v, "on") || eq(v, "yes") || eq(v, "true")) return *out = true, true;
+  if (eq(v, "0") || eq(v, "off") || eq(v, "no") || eq(v, "false")) return *out = false, true;
+  return false;
+}
+
+static bool parse_thp(const char* v, int* out) {
+  for (int i = 0; i < 3; i++)
+    if (eq(v, THP_NAMES[i])) return *out = i, true;
+  if (eq(v, "default")) return *out = KEEL_THP_SYSTEM, true;
+  return false;
+}
+
+/* The parsed form of any option's value. */
+typedef struct {
+  uint64_t u;
+  bool b;
+  int e;
+  const char* s;
+} opt_value_t;
+
+static bool parse(const opt_t* o, const char* v, opt_value_t* out) {
+  switch (o->kind) {
+    case K_MS: return parse_ms(v, &out->u);
+    case K_SIZE: return parse_size(v, &out->u);
+    case K_BOOL: return parse_bool(v, &out->b);
+    case K_THP: return parse_thp(v, &out->e);
+    case K_PATH:
+      out->s = v;
+      return v[0] != 0 && strlen(v) < sizeof _keel_options.profile_prefix;
+  }
+  return false;
+}
+
+/* Relaxed atomic stores: other threads read these fields while they change. */
+static void store(const opt_t* o, const opt_value_t* v) {
+  switch (o->kind) {
+    case K_MS:
+    case K_SIZE: __atomic_store_n((uint64_t*)o->field, v->u, __ATOMIC_RELAXED); break;
+    case K_BOOL: __atomic_store_n((bool*)o->field, v->b, __ATOMIC_RELAXED); break;
+    case K_THP: __atomic_store_n((int*)o->field, v->e, __ATOMIC_RELAXED); break;
+    case K_PATH: {
+      char* dst = (char*)o->field;
+      size_t n = strlen(v->s);
+      memcpy(dst, v->s, n + 1);
+      break;
+    }
+  }
+}
+
+static const opt_t* find(const char* name, size_t len) {
+  for (size_t i = 0; i < NOPTS; i++)
+    if (strlen(OPTS[i].name) == len && memcmp(OPTS[i].name, name, len) == 0) return &OPTS[i];
+  return NULL;
+}
+
+static void warn_bad(const char* where, const opt_t* o) {
+  char msg[160];
+  keel_buf_t b = {msg, 0, sizeof msg};
+  _keel_buf_str(&b, "ignoring bad value (want ");
+  _keel_buf_str(&b, KIND_HINT[o->kind]);
+  _keel_buf_str(&b, ") of ");
+  _keel_buf_str(&b, where);
+  _keel_warn(msg, o->name);
+}
+
+/* keel_conf: "name:value,name:value" ('=' also separates a name from its value). */
+static void read_conf(const char* conf) {
+  const char* p = conf;
+  while (*p) {
+    const char* end = p;
+    while (*end && *end != ',') end++;
+    const char* sep = p;
+    while (sep < end && *sep != ':' && *sep != '=') sep++;
+    char value[sizeof _keel_options.profile_prefix];
+    const opt_t* o = find(p, (size_t)(sep - p));
+    if (sep == end || o == NULL) {
+      char name[64];
+      size_t n = (size_t)(sep - p) < sizeof name - 1 ? (size_t)(sep - p) : sizeof name - 1;
+      memcpy(name, p, n);
+      name[n] = 0;
+      if (n > 0) _keel_warn("keel_conf: ignoring an unknown option (keel options lists them): ", name);
+    } else if ((size_t)(end - sep - 1) >= sizeof value) {
+      warn_bad("keel_conf option ", o);
+    } else {
+      memcpy(value, sep + 1, (size_t)(end - sep - 1));
+      value[end - sep - 1] = 0;
+      opt_value_t v;
+      if (parse(o, value, &v)) store(o, &v);
+      else warn_bad("keel_conf option ", o);
+    }
+    p = *end ? end + 1 : end;
+  }
+}
+
+static void read_env(const opt_t* o) {
+  char var[48] = "KEEL_";
+  size_t n = 5;
+  for (const char* s = o->name; *s && n + 1 < sizeof var; s++)
+    var[n++] = (char)(*s >= 'a' && *s <= 'z' ? *s - 'a' + 'A' : *s);
+  var[n] = 0;
+  char value[sizeof _keel_options.profile_prefix];
+  if (!_keel_prim_getenv(var, value, sizeof value)) return;
+  opt_value_t v;
+  if (parse(o, value, &v)) store(o, &v);
+  else warn_bad("", &(opt_t){var, o->kind, o->when, o->field});
 }
 
 void _keel_options_init(void) {
-  read_size("KEEL_PURGE_DELAY", &_keel_options.purge_delay_ms); /* milliseconds */
-  read_size("KEEL_TCACHE_MAX", &_keel_options.tcache_bytes);
-  read_size("KEEL_HUGE_PAGE_SIZE", &_keel_options.huge_page_size);
-  read_bool("KEEL_STATS", &_keel_options.stats_at_exit);
-  read_bool("KEEL_BACKGROUND_PURGE", &_keel_options.background_purge);
-  read_bool("KEEL_CHECK", &_keel_options.check);
-  read_bool("KEEL_PUBLISH", &_keel_options.publish);
-  read_size("KEEL_PROFILE_RATE", &_keel_options.profile_rate);
-  read_size("KEEL_PROFILE_GROWTH", &_keel_options.profile_growth);
-  read_bool("KEEL_PROFILE_AT_EXIT", &_keel_options.profile_at_exit);
-  read_bool("KEEL_PROFILE_LEAKS", &_keel_options.profile_leaks);
-  char prefix[sizeof _keel_options.profile_prefix];
-  if (_keel_prim_getenv("KEEL_PROFILE_PREFIX", prefix, sizeof prefix) && prefix[0])
-    memcpy(_keel_options.profile_prefix, prefix, sizeof prefix);
+  if (&keel_conf != NULL && keel_conf != NULL) read_conf(keel_conf);
+  for (size_t i = 0; i < NOPTS; i++) read_env(&OPTS[i]);
+}
+
+/* ---- run-time API --------------------------------------------------------------------- */
+
+static bool same_value(const opt_t* o, const opt_value_t* v) {
+  switch (o->kind) {
+    case K_MS:
+    case K_SIZE: return *(uint64_t*)o->field == v->u;
+    case K_BOOL: return *(bool*)o->field == v->b;
+    case K_THP: return *(int*)o->field == v->e;
+    case K_PATH: return eq((const char*)o->field, v->s);
+  }
+  return false;
+}
+
+KEEL_API int keel_option_set(const char* name, const char* value) {
+  keel_ensure_init();
+  if (name == NULL || value == NULL) return EINVAL;
+  const opt_t* o = find(name, strlen(name));
+  if (o == NULL) return ENOENT;
+  opt_value_t v;
+  if (!parse(o, value, &v)) return EINVAL;
+  if (same_value(o, &v)) return 0;
+  /* Checked mode changes the layout of every block, the page size is built into the
+   * size classes, and a profile must see every allocation from the start. */
+  if (o->when == AT_START) return EBUSY;
+  if (o->when == AT_START_ON && (v.u == 0 || *(uint64_t*)o->field == 0)) return EBUSY;
+  store(o, &v);
+  if (o->field == &_keel_options.thp) _keel_thp_apply_all();
+  if (o->field == &_keel_options.background_purge && v.b) _keel_background_start();
+  if (o->field == &_keel_options.publish) _keel_publish_option_changed();
+  return 0;
+}
+
+KEEL_API int keel_option_get(const char* name, char* buf, size_t size) {
+  if (name == NULL) return EINVAL;
+  const opt_t* o = find(name, strlen(name));
+  if (o == NULL) return ENOENT;
+  char text[sizeof _keel_options.profile_prefix];
+  keel_buf_t b = {text, 0, sizeof text};
+  switch (o->kind) {
+    case K_MS:
+    case K_SIZE: _keel_buf_u64(&b, __atomic_load_n((uint64_t*)o->field, __ATOMIC_RELAXED)); break;
+    case K_BOOL: _keel_buf_str(&b, __atomic_load_n((bool*)o->field, __ATOMIC_RELAXED) ? "1" : "0"); break;
+    case K_THP: _keel_buf_str(&b, THP_NAMES[__atomic_load_n((int*)o->field, __ATOMIC_RELAXED)]); break;
+    case K_PATH: _keel_buf_str(&b, (const char*)o->field); break;
+  }
+  if (buf == NULL || size <= b.len) return ERANGE;
+  memcpy(buf, text, b.len + 1);
+  return 0;
 }

@@ -61,6 +61,41 @@ static void list_insert(keel_chunk_t* c) {
 
 static size_t purge_locked(bool all, uint64_t now);
 
+/* ---- transparent huge pages (KEEL_THP) ----------------------------------------------
+ * SYSTEM gives no advice. ALWAYS advises MADV_HUGEPAGE on every chunk and on huge blocks
+ * that can hold a whole huge page; NEVER advises MADV_NOHUGEPAGE. Under ALWAYS a huge
+ * page is only ever given back whole (TCMalloc Temeraire's rule): a MADV_DONTNEED on part
+ * of one splits it into base pages for good, which costs the TLB reach the program asked
+ * for, so the purge below releases only free, huge-page-aligned huge pages and
+ * central.c stops trimming the pages inside slabs. */
+int _keel_thp_advice(void) {
+  int policy = __atomic_load_n(&_keel_options.thp, __ATOMIC_RELAXED);
+  return policy == KEEL_THP_ALWAYS ? 1 : policy == KEEL_THP_NEVER ? -1 : 0;
+}
+
+/* The huge page size Keel assumes (KEEL_HUGE_PAGE_SIZE, else the OS's), rounded up to a
+ * power of two so that "aligned" means something; 0 when there are none. */
+size_t _keel_thp_size(void) {
+  size_t hp = (size_t)__atomic_load_n(&_keel_options.huge_page_size, __ATOMIC_RELAXED);
+  if (hp == 0) hp = _keel_prim_huge_page_size();
+  if (hp > ((size_t)1 << 40)) hp = (size_t)1 << 40; /* a nonsense override */
+  if (hp & (hp - 1)) hp = (size_t)1 << (64 - __builtin_clzll((unsigned long long)hp));
+  return hp;
+}
+
+/* The smallest range a purge may cover: 0 means any (SYSTEM, NEVER, or no huge pages).
+ * Under ALWAYS it is the huge page size. With huge pages no larger than a unit, a unit
+ * is whole huge pages and the ordinary purge splits nothing. With huge pages larger than
+ * a chunk (arm64 with 64 KiB pages: 512 MiB; 16 KiB pages: 32 MiB) no chunk holds a
+ * whole one; such a huge page can still form over adjacent chunks, whose mappings the
+ * kernel merges, and one MADV_DONTNEED would split it into thousands of base pages. So
+ * then nothing inside a chunk is purged and memory goes back as wholly free chunks
+ * only: that is what asking for huge pages of that size costs. */
+size_t _keel_thp_purge_granule(void) {
+  return __atomic_load_n(&_keel_options.thp, __ATOMIC_RELAXED) == KEEL_THP_ALWAYS
+             ? _keel_thp_size() : 0;
+}
+
 static keel_chunk_t* chunk_new(void) {
   keel_chunk_t* c = (keel_chunk_t*)_keel_prim_map(KEEL_CHUNK_SIZE, KEEL_CHUNK_SIZE, next_hint);
   if (c == NULL) {
@@ -71,6 +106,8 @@ static keel_chunk_t* chunk_new(void) {
     c = (keel_chunk_t*)_keel_prim_map(KEEL_CHUNK_SIZE, KEEL_CHUNK_SIZE, NULL);
     if (c == NULL) return NULL;
   }
+  /* Before the header is touched, so that its first fault can already be a huge page. */
+  _keel_prim_thp_advise(c, KEEL_CHUNK_SIZE, _keel_thp_advice());
   if (!_keel_pagemap_set((uintptr_t)c, KEEL_CHUNK_UNITS, KEEL_KIND_NONE)) {
     _keel_prim_unmap(c, KEEL_CHUNK_SIZE);
     return NULL;
@@ -88,10 +125,14 @@ static keel_chunk_t* chunk_new(void) {
   return c;
 }
 
+/* A wholly free chunk goes back to the OS; its units may still be dirty under
+ * KEEL_THP=always, which releases chunks without purging them first. */
 static void chunk_release(keel_chunk_t* c) {
+  unsigned dirty = (unsigned)__builtin_popcountll(c->dirty_mask);
   list_remove(c);
   chunk_count--;
-  clean_free_units -= KEEL_CHUNK_UNITS - 1;
+  dirty_units -= dirty;
+  clean_free_units -= KEEL_CHUNK_UNITS - 1 - dirty;
   _keel_pagemap_set((uintptr_t)c, KEEL_CHUNK_UNITS, KEEL_KIND_NONE);
   _keel_prim_unmap(c, KEEL_CHUNK_SIZE);
 }
@@ -199,12 +240,45 @@ void _keel_pageheap_shrink(keel_slab_t* head, size_t n) {
   keel_unlock(&heap_lock);
 }
 
+/* KEEL_THP=always: purges the `due` units of chunk c only where they make up, with the
+ * other units, a whole free huge page of `granule` bytes (each aligned, since chunks
+ * are); the whole huge page is purged with one call. Units of a huge page that is
+ * partly in use, or not all due, stay dirty and so stay counted as committed. The
+ * first huge page of a chunk holds its header and is never purged: it goes back with
+ * the chunk, which is unmapped once wholly free and all due, dirty or not. Returns bytes
+ * released. */
+static size_t purge_whole_huge_pages(keel_chunk_t* c, uint64_t due, size_t granule, bool all) {
+  if (c->free_mask == (ALL_UNITS & ~(uint64_t)1) && (c->dirty_mask & ~due) == 0 &&
+      (all || chunk_count > 1)) { /* one wholly free chunk is kept for the next slab */
+    size_t dirty = (size_t)__builtin_popcountll(c->dirty_mask) << KEEL_UNIT_SHIFT;
+    chunk_release(c);
+    return dirty;
+  }
+  if (granule > KEEL_CHUNK_SIZE) return 0; /* no whole huge page inside a chunk */
+  size_t released = 0;
+  unsigned g = (unsigned)(granule >> KEEL_UNIT_SHIFT);
+  for (unsigned k = 0; k < KEEL_CHUNK_UNITS; k += g) {
+    uint64_t bits = UNIT_BITS(k, g), dirty = c->dirty_mask & bits;
+    if (dirty == 0 || (c->free_mask & bits) != bits || (dirty & ~due) != 0) continue;
+    if (_keel_prim_purge(keel_unit_addr(c, k), granule)) {
+      unsigned n = (unsigned)__builtin_popcountll(dirty);
+      c->dirty_mask &= ~bits;
+      dirty_units -= n;
+      clean_free_units += n;
+      released += (size_t)n << KEEL_UNIT_SHIFT;
+    }
+  }
+  return released;
+}
+
 /* Gives back dirty free units freed at least the purge delay ago (all of them if
  * `all`), and unmaps chunks left wholly free and clean. Returns bytes released. */
 static size_t purge_locked(bool all, uint64_t now) {
   size_t released = 0;
   last_purge_ms = now;
   uint64_t delay = _keel_options.purge_delay_ms;
+  size_t granule = _keel_thp_purge_granule();
+  if (granule <= KEEL_UNIT_SIZE) granule = 0; /* a unit is whole huge pages */
   for (unsigned r = 0; r < KEEL_CHUNK_UNITS; r++) {
     keel_chunk_t* next;
     for (keel_chunk_t* c = by_run[r]; c != NULL; c = next) {
@@ -213,6 +287,10 @@ static size_t purge_locked(bool all, uint64_t now) {
       for (uint64_t d = c->dirty_mask; d; d &= d - 1) {
         unsigned u = (unsigned)__builtin_ctzll(d);
         if (all || now - c->units[u].size >= delay) due |= (uint64_t)1 << u;
+      }
+      if (granule) { /* KEEL_THP=always */
+        released += purge_whole_huge_pages(c, due, granule, all);
+        continue;
       }
       while (due) { /* purge each run of due units with one call */
         unsigned k = (unsigned)__builtin_ctzll(due);
@@ -260,6 +338,20 @@ __attribute__((no_sanitize("thread"))) void _keel_pageheap_maybe_purge(void) {
 
 __attribute__((no_sanitize("thread"))) uint64_t _keel_pageheap_dirty_bytes(void) {
   return __atomic_load_n(&dirty_units, __ATOMIC_RELAXED) << KEEL_UNIT_SHIFT;
+}
+
+/* The policy changed at run time: advise every chunk as chunk_new would now, then the
+ * huge blocks. SYSTEM cannot take earlier advice back (Linux has no madvise for "no
+ * advice"), so it only stops new advice. */
+void _keel_thp_apply_all(void) {
+  keel_lock(&heap_lock);
+  int advice = _keel_thp_advice();
+  if (advice != 0)
+    for (unsigned r = 0; r < KEEL_CHUNK_UNITS; r++)
+      for (keel_chunk_t* c = by_run[r]; c != NULL; c = c->next)
+        _keel_prim_thp_advise(c, KEEL_CHUNK_SIZE, advice);
+  keel_unlock(&heap_lock);
+  _keel_huge_thp_apply_all();
 }
 
 void _keel_pageheap_lock_all(void) { keel_lock(&heap_lock); }

@@ -47,23 +47,23 @@ static void make_name(void) {
   _keel_buf_u64(&b, (uint64_t)_keel_prim_getpid());
 }
 
-static void refresh(void) {
+static void refresh(keel_published_t* p) {
   keel_stats_t s;
   _keel_stats_collect(&s);
   keel_class_stats_t cs[KEEL_NUM_CLASSES - 1];
   size_t n = keel_stats_classes(cs, KEEL_NUM_CLASSES - 1);
-  __atomic_fetch_add(&pub->seq, 1, __ATOMIC_ACQ_REL); /* odd: writing */
-  pub->stats = s;
-  memcpy(pub->classes, cs, n * sizeof cs[0]);
-  pub->nclasses = (uint32_t)n;
-  pub->updated_ms = _keel_prim_clock_ms();
-  __atomic_fetch_add(&pub->seq, 1, __ATOMIC_RELEASE); /* even: consistent */
+  __atomic_fetch_add(&p->seq, 1, __ATOMIC_ACQ_REL); /* odd: writing */
+  p->stats = s;
+  memcpy(p->classes, cs, n * sizeof cs[0]);
+  p->nclasses = (uint32_t)n;
+  p->updated_ms = _keel_prim_clock_ms();
+  __atomic_fetch_add(&p->seq, 1, __ATOMIC_RELEASE); /* even: consistent */
 }
 
 void _keel_publish_init(void) { born_ms = _keel_prim_clock_ms(); }
 
 static void create(void) {
-  tried = true;
+  __atomic_store_n(&tried, true, __ATOMIC_RELAXED);
   if (!_keel_options.publish) return;
   make_name();
   keel_published_t* p = (keel_published_t*)_keel_prim_publish_create(pub_name, sizeof *p);
@@ -72,8 +72,8 @@ static void create(void) {
   p->header_size = (uint32_t)__builtin_offsetof(keel_published_t, classes);
   p->pid = (uint64_t)_keel_prim_getpid();
   __atomic_store_n(&p->magic, PUBLISH_MAGIC, __ATOMIC_RELEASE);
-  pub = p;
-  refresh();
+  refresh(p);
+  __atomic_store_n(&pub, p, __ATOMIC_RELEASE);
 }
 
 /* In the child of fork the inherited mapping is the parent's file: never write it
@@ -84,20 +84,33 @@ void _keel_publish_after_fork_child(void) {
   born_ms = _keel_prim_clock_ms();
 }
 
+/* KEEL_PUBLISH changed at run time: switched on, the next tick creates the file; off,
+ * the file goes now. The old mapping is left in place (one small block, once per
+ * switch) so that a tick in flight still touches valid memory. */
+void _keel_publish_option_changed(void) {
+  if (__atomic_load_n(&_keel_options.publish, __ATOMIC_RELAXED)) {
+    __atomic_store_n(&tried, false, __ATOMIC_RELAXED);
+  } else if (__atomic_exchange_n(&pub, NULL, __ATOMIC_ACQ_REL) != NULL) {
+    _keel_prim_publish_remove(pub_name);
+  }
+}
+
 void _keel_publish_exit(void) {
   if (pub != NULL) _keel_prim_publish_remove(pub_name);
 }
 
 /* Called by the purger on every tick. */
 void _keel_publish_tick(void) {
-  if (pub == NULL && !tried && _keel_prim_clock_ms() - born_ms >= 1000) create();
-  keel_published_t* p = pub;
+  if (__atomic_load_n(&pub, __ATOMIC_ACQUIRE) == NULL && !__atomic_load_n(&tried, __ATOMIC_RELAXED) &&
+      _keel_prim_clock_ms() - born_ms >= 1000)
+    create();
+  keel_published_t* p = __atomic_load_n(&pub, __ATOMIC_ACQUIRE);
   if (p == NULL) return;
   uint64_t purge = __atomic_load_n(&p->purge_request, __ATOMIC_ACQUIRE);
   if (purge != __atomic_load_n(&p->purge_answered, __ATOMIC_RELAXED)) {
     _keel_central_drain_all();
     p->purged_on_request = _keel_pageheap_purge(true) + _keel_huge_purge(true);
-    refresh();
+    refresh(p);
     __atomic_store_n(&p->purge_answered, purge, __ATOMIC_RELEASE);
   }
   uint64_t prof = __atomic_load_n(&p->profile_request, __ATOMIC_ACQUIRE);
@@ -119,7 +132,7 @@ void _keel_publish_tick(void) {
   }
   uint64_t req = __atomic_load_n(&p->request, __ATOMIC_ACQUIRE);
   if (req != __atomic_load_n(&p->answered, __ATOMIC_RELAXED)) {
-    refresh();
+    refresh(p);
     __atomic_store_n(&p->answered, req, __ATOMIC_RELEASE);
   }
 }

@@ -32,6 +32,11 @@ bool _keel_prim_purge(void* addr, size_t size);
  * (the old mapping is then untouched). */
 void* _keel_prim_remap(void* addr, size_t old_size, size_t new_size, bool may_move);
 
+/* Makes a page-aligned range of a mapping inaccessible (`accessible` false: any access
+ * faults) or readable and writable again. Returns false if the OS refused (for instance
+ * when the process has too many mappings to split one more). */
+bool _keel_prim_protect(void* addr, size_t size, bool accessible);
+
 /* Transparent huge page advice for a range: 0 = leave the system default,
  * 1 = ask for huge pages, -1 = refuse them. */
 void _keel_prim_thp_advise(void* addr, size_t size, int advice);
@@ -90,6 +95,18 @@ _Noreturn void _keel_prim_exit(int status);
 
 /* Sleeps the calling thread for `ms` milliseconds. */
 void _keel_prim_sleep_ms(uint64_t ms);
+
+/* -- faults -----------------------------------------------------------------------------
+ * Installs a handler for SIGSEGV and SIGBUS -- for each only if the program has none of
+ * its own at the time of the call (its disposition is the default) -- that runs on the
+ * alternate signal stack if the thread has one. For a fault the OS raised at a memory
+ * access it calls on_fault(address), in signal context: on_fault must be
+ * async-signal-safe (no locks, no allocation, no stdio) and ends the process itself if
+ * it recognises the fault. Otherwise the handler restores the default action and
+ * returns, so the access faults again and ends the process as it would have without
+ * Keel (a signal sent with kill is sent again). Returns true if it installed a handler
+ * for at least one of the signals. Call it once. */
+bool _keel_prim_fault_handler_install(void (*on_fault)(void* addr));
 
 /* -- stacks and files ------------------------------------------------------------------ */
 /* Return addresses of the calling thread's stack, innermost first, skipping `skip`

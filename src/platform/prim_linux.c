@@ -84,6 +84,13 @@ void* _keel_prim_remap(void* addr, size_t old_size, size_t new_size, bool may_mo
   return p == MAP_FAILED ? NULL : p;
 }
 
+bool _keel_prim_protect(void* addr, size_t size, bool accessible) {
+  int saved = errno;
+  bool ok = mprotect(addr, size, accessible ? PROT_READ | PROT_WRITE : PROT_NONE) == 0;
+  errno = saved;
+  return ok;
+}
+
 void _keel_prim_thp_advise(void* addr, size_t size, int advice) {
   if (advice == 0) return;
   int saved = errno;
@@ -285,6 +292,54 @@ void _keel_prim_sleep_ms(uint64_t ms) {
   struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
   }
+}
+
+/* -- faults ----------------------------------------------------------------------------- */
+
+static void (*fault_callback)(void* addr);
+
+static void set_default_action(int sig) {
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(sig, &dfl, NULL);
+}
+
+/* Async-signal-safe: sigaction and raise are, and the callback must be. The signal is
+ * blocked while this runs (no SA_NODEFER), so a fault inside the callback ends the
+ * process with the default action. */
+static void on_fault_signal(int sig, siginfo_t* si, void* context) {
+  (void)context;
+  int saved = errno;
+  bool from_kernel = si != NULL && si->si_code > 0; /* not kill, raise or sigqueue */
+  void (*cb)(void*) = __atomic_load_n(&fault_callback, __ATOMIC_ACQUIRE);
+  if (from_kernel && cb != NULL) cb(si->si_addr); /* returns only if not Keel's fault */
+  set_default_action(sig);
+  /* A real fault happens again when the access is retried; a sent signal has to be sent
+   * again (it stays pending until this handler returns). */
+  if (!from_kernel) raise(sig);
+  errno = saved;
+}
+
+bool _keel_prim_fault_handler_install(void (*on_fault)(void* addr)) {
+  int saved = errno;
+  __atomic_store_n(&fault_callback, on_fault, __ATOMIC_RELEASE);
+  bool any = false;
+  static const int sigs[] = {SIGSEGV, SIGBUS};
+  for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+    struct sigaction old;
+    if (sigaction(sigs[i], NULL, &old) != 0) continue;
+    if ((old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) continue; /* the program's */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_fault_signal;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(sigs[i], &sa, NULL) == 0) any = true;
+  }
+  errno = saved;
+  return any;
 }
 
 /* -- publishing ------------------------------------------------------------------------ */

@@ -188,6 +188,107 @@ static void realloc_freed(void) {
   (void)q;
 }
 
+/* The cases below run with KEEL_CHECK=1 KEEL_CHECK_GUARD=64K: blocks of 64 KiB or more
+ * end right before an inaccessible guard page. A fault is announced as
+ *   misuse: <case>: fault(<address about to be accessed>)
+ * and the report must name that address. */
+#define GUARDED_SIZE ((size_t)100 << 10)
+
+/* One byte written just past the end of a 100 KiB block: it lands on the guard page. */
+static void guard_overflow_write(void) {
+  char* p = malloc(GUARDED_SIZE);
+  memset(p, 1, GUARDED_SIZE);
+  announce("fault", p + GUARDED_SIZE);
+  ((volatile char*)opaque(p))[GUARDED_SIZE] = 1;
+}
+
+/* A read a page past the end: still in the guard. */
+static void guard_overflow_read_page(void) {
+  char* p = malloc(GUARDED_SIZE);
+  memset(p, 1, GUARDED_SIZE);
+  size_t off = GUARDED_SIZE + 4096;
+  announce("fault", p + off);
+  volatile char c = ((volatile char*)opaque(p))[off];
+  (void)c;
+}
+
+/* memalign(4096, 70000): the block ends up to 4095 bytes before its guard. A write that
+ * runs through that slack reaches the guard. */
+static void guard_overflow_aligned(void) {
+  size_t n = 70000;
+  char* p = memalign(4096, n);
+  if (((uintptr_t)p & 4095) != 0) {
+    fprintf(stderr, "misuse: memalign(4096) returned %p\n", (void*)p);
+    exit(2);
+  }
+  memset(p, 1, n);
+  char* guard = (char*)(((uintptr_t)p + n + 4095) & ~(uintptr_t)4095);
+  announce("fault", guard);
+  for (volatile char* c = (volatile char*)opaque(p) + n;; c++) *c = 1;
+}
+
+/* An odd size leaves 15 bytes of slack before the guard: the canary covers them. */
+static void guard_overflow_slack(void) {
+  size_t n = GUARDED_SIZE + 1;
+  char* p = malloc(n);
+  memset(p, 1, n + 1);
+  do_free(p);
+}
+
+/* A block below KEEL_CHECK_GUARD has no guard: the canary catches the write on free. */
+static void guard_below_threshold(void) {
+  size_t n = 32 << 10;
+  char* p = malloc(n);
+  memset(p, 1, n + 1);
+  do_free(p);
+}
+
+/* A freed guarded block is inaccessible while it waits in the quarantine. */
+static void guard_use_after_free(void) {
+  char* p = malloc(GUARDED_SIZE);
+  memset(p, 1, GUARDED_SIZE);
+  free(opaque(p));
+  announce("fault", p + 100);
+  ((volatile char*)opaque(p))[100] = 2;
+}
+
+static void guard_read_after_free(void) {
+  char* p = malloc(GUARDED_SIZE);
+  memset(p, 1, GUARDED_SIZE);
+  free(opaque(p));
+  announce("fault", p + GUARDED_SIZE - 1);
+  volatile char c = ((volatile char*)opaque(p))[GUARDED_SIZE - 1];
+  (void)c;
+}
+
+static void guard_double_free(void) {
+  char* p = malloc(GUARDED_SIZE);
+  memset(p, 1, GUARDED_SIZE);
+  free(opaque(p));
+  do_free(p);
+}
+
+/* The same after the block has left the quarantine (and been unmapped). */
+static void guard_double_free_late(void) {
+  char* p = malloc(GUARDED_SIZE);
+  free(opaque(p));
+  for (int i = 0; i < 5000; i++) free(opaque(malloc(GUARDED_SIZE)));
+  do_free(p);
+}
+
+static void guard_free_interior(void) {
+  char* p = malloc(GUARDED_SIZE);
+  memset(p, 1, GUARDED_SIZE);
+  do_free(p + 16);
+}
+
+static void guard_realloc_freed(void) {
+  char* p = malloc(GUARDED_SIZE);
+  free(opaque(p));
+  void* q = do_realloc(p, 200);
+  (void)q;
+}
+
 static void realloc_stack(void) {
   char buf[256];
   memset(buf, 0, sizeof buf);
@@ -216,6 +317,17 @@ static const struct misuse_case cases[] = {
     {"write_after_free", write_after_free},
     {"realloc_freed", realloc_freed},
     {"realloc_stack", realloc_stack},
+    {"guard_overflow_write", guard_overflow_write},
+    {"guard_overflow_read_page", guard_overflow_read_page},
+    {"guard_overflow_aligned", guard_overflow_aligned},
+    {"guard_overflow_slack", guard_overflow_slack},
+    {"guard_below_threshold", guard_below_threshold},
+    {"guard_use_after_free", guard_use_after_free},
+    {"guard_read_after_free", guard_read_after_free},
+    {"guard_double_free", guard_double_free},
+    {"guard_double_free_late", guard_double_free_late},
+    {"guard_free_interior", guard_free_interior},
+    {"guard_realloc_freed", guard_realloc_freed},
 };
 
 int main(int argc, char** argv) {

@@ -2,7 +2,9 @@
 # run_misuse.sh -- runs one misuse case and checks that Keel stopped it properly.
 #
 # Usage: run_misuse.sh <misuse-program> <case> <call> <words>
-#   call:  the function named in the report ("free", "realloc")
+#   call:  the function named in the report ("free", "realloc"), or "fault" for an
+#          access stopped by a guard page (KEEL_CHECK_GUARD), reported as
+#          "keel: heap overflow: access at 0x... is ..."
 #   words: text the report line must contain ("double free", "invalid pointer")
 #
 # Passes when:
@@ -10,7 +12,8 @@
 #   2. its stderr has a line matching   keel: <call>\(\): .*0x[0-9a-f]+
 #   3. that same line contains <words>.
 # The address in the report is compared with the one the program announced before the
-# misuse ("misuse: <case>: <call>(0x...)"); a difference is printed as a note only.
+# misuse ("misuse: <case>: <call>(0x...)"); a difference is printed as a note only,
+# except for faults, whose report must name the very address accessed.
 #
 # By hand:  bash tests/misuse/run_misuse.sh build/tests/test_misuse double_free_small free "double free"
 # Environment: MISUSE_PREFIX (default "keel") -- the report prefix, so the checks can be
@@ -58,6 +61,7 @@ fi
 
 # 2. the report line.
 regex="${prefix}: ${call}\\(\\): .*0x[0-9a-f]+"
+[[ $call == fault ]] && regex="${prefix}: [a-z ]+: access at 0x[0-9a-f]+"
 line=$(grep -E -m1 "$regex" "$err" || true)
 if [[ -z $line ]]; then
   say "FAIL: $case: no stderr line matches /$regex/"
@@ -72,7 +76,15 @@ else
   passed=$(sed -n -E "s/^misuse: [^:]+: ${call}\\((0x[0-9a-f]+)\\).*/\\1/p" "$err" | head -n1)
   reported=$(printf '%s\n' "$line" | grep -oE '0x[0-9a-f]+' | head -n1)
   if [[ -n $passed && -n $reported ]] && (( passed != reported )); then
-    say "note: $case: the report names $reported, the program passed $passed"
+    if [[ $call == fault ]]; then
+      say "FAIL: $case: the report names $reported, the program accessed $passed"
+      fail=1
+    else
+      say "note: $case: the report names $reported, the program passed $passed"
+    fi
+  elif [[ $call == fault && -z $passed ]]; then
+    say "FAIL: $case: the program did not announce the address it accessed"
+    fail=1
   fi
 fi
 

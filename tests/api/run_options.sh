@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# run_options.sh -- runs test_options in its three modes and checks what Keel said.
+#
+# Usage: run_options.sh <test_options-program>
+# keel_conf (defined by the program) has two bad entries: an unknown option and a bad
+# THP policy; each must give exactly one warning line and leave the default. In the
+# environment, a bad KEEL_PROFILE_RATE must do the same.
+set -u
+prog=${1:?usage: $0 <test_options>}
+err=$(mktemp)
+trap 'rm -f "$err"' EXIT
+fail=0
+
+expect_lines() { # <what> <count> <regex>
+  local n
+  n=$(grep -cE "$3" "$err")
+  if [[ $n != "$2" ]]; then
+    echo "FAIL: $1: $n lines match /$3/ on stderr, want $2"
+    sed 's/^/  stderr: /' "$err"
+    fail=1
+  fi
+}
+
+run() { # <mode> [VAR=value...]
+  local mode=$1
+  shift
+  if ! env -u KEEL_PURGE_DELAY -u KEEL_THP -u KEEL_TCACHE_MAX -u KEEL_PROFILE_RATE "$@" \
+       "$prog" "$mode" 2>"$err"; then
+    echo "FAIL: test_options $mode"
+    sed 's/^/  stderr: /' "$err"
+    fail=1
+  fi
+}
+
+run conf
+expect_lines "conf: unknown name" 1 '^keel: .*keel_conf: ignoring an unknown option .*bogus$'
+expect_lines "conf: bad thp" 1 '^keel: .*ignoring bad value \(want system, always or never\) of keel_conf option thp$'
+expect_lines "conf: nothing else" 2 '^keel:'
+
+run env KEEL_PURGE_DELAY=300 KEEL_THP=never KEEL_PROFILE_RATE=lots
+expect_lines "env: bad KEEL_PROFILE_RATE" 1 '^keel: .*ignoring bad value \(want a size like 512K, 4M\) of KEEL_PROFILE_RATE$'
+expect_lines "env: nothing else" 3 '^keel:'
+
+run api
+expect_lines "api: warnings only from keel_conf" 2 '^keel:'
+
+((fail == 0)) && echo "run_options: all modes passed"
+exit $fail
