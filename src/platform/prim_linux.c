@@ -195,7 +195,10 @@ bool _keel_prim_getenv(const char* name, char* buf, size_t size) {
     char entry[512];
     size_t elen = 0;
     ssize_t n;
-    while (!found && (n = read(fd, chunk, sizeof chunk)) > 0) {
+    while (!found) {
+      n = read(fd, chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue; /* a signal must not hide an option */
+      if (n <= 0) break;
       for (ssize_t i = 0; i < n && !found; i++) {
         if (chunk[i] == 0) {
           entry[elen < sizeof entry ? elen : sizeof entry - 1] = 0;
