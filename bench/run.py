@@ -37,19 +37,16 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIR = os.path.dirname(HERE)
 
-# name -> (one-line description, takes a thread-count argument)
-PROGRAMS = {
-    "bignum": ("single-threaded bignum arithmetic, a result allocated per operation", False),
-    "tree": ("compiler-like passes that copy and free small ASTs", False),
-    "xthread": ("server pattern: threads free each other's objects", True),
-    "prodcons": ("one producer thread allocates, one consumer thread frees", False),
-    "falseshare": ("allocator-induced false sharing (Hoard cache-scratch)", True),
-    "mixed": ("random sizes up to 32 KiB, live set, realloc", True),
-    "large": ("1-32 MiB blocks, every page touched", False),
-    "threadchurn": ("short-lived threads exiting with live objects", True),
-    "redis": ("Redis-like store, 16-100 byte string churn", False),
-    "larson": ("Larson server simulation, chains of short-lived threads", True),
-}
+
+def read_programs(path=os.path.join(HERE, "programs.txt")):
+    """name -> (one-line description, takes a thread-count argument), in run order, from
+    bench/programs.txt (the list CMakeLists.txt builds and the lab's micro suite runs)."""
+    with open(path) as f:
+        rows = [line.split(None, 2) for line in f if line.strip() and not line.startswith("#")]
+    return {name: (desc.strip(), threads == "yes") for name, threads, desc in rows}
+
+
+PROGRAMS = read_programs()
 
 # name -> (library file in the multiarch directory, Debian package)
 SYSTEM_ALLOCATORS = {

@@ -38,6 +38,21 @@ configure_build() { # <dir> <cmake args...>
     { cat "$dir.configure.log"; return 1; }
 }
 
+# build_flavour <name> <dir> <cmake args...> [-- <cmake --build args...>]: configures and
+# builds; on failure shows the end of the build log, records "<name>: build FAILED" and
+# returns 1.
+build_flavour() {
+  local name=$1 dir=$2 conf=()
+  shift 2
+  while (($#)) && [[ $1 != -- ]]; do conf+=("$1"); shift; done
+  (($#)) && shift
+  configure_build "$dir" "${conf[@]}" &&
+    cmake --build "$dir" -j2 "$@" >"$dir.build.log" 2>&1 && return 0
+  tail -40 "$dir.build.log" 2>/dev/null
+  summary+=("$name: build FAILED"); status=1
+  return 1
+}
+
 run_flavour() { # <name> <build dir> <ctest args...>
   local name=$1 dir=$2
   shift 2
@@ -64,38 +79,27 @@ for f in "${flavours[@]}"; do
       dir=$root/build-ubsan
       log "ubsan: configuring and building $dir"
       flags="-fno-sanitize-recover=all"
-      if configure_build "$dir" -DKEEL_SANITIZE=undefined -DKEEL_DEBUG=1 \
-           -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" &&
-         cmake --build "$dir" -j2 >"$dir.build.log" 2>&1; then
+      if build_flavour ubsan "$dir" -DKEEL_SANITIZE=undefined -DKEEL_DEBUG=1 \
+           -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags"; then
         UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:abort_on_error=0 \
         KEEL_STRESS_SCALE=${KEEL_STRESS_SCALE:-0.5} \
           run_flavour ubsan "$dir" -L 'api|unit|stress|misuse|faults' -E 'unit\.fastpath'
-      else
-        tail -40 "$dir.build.log" 2>/dev/null
-        summary+=("ubsan: build FAILED"); status=1
       fi
       ;;
     tsan)
       dir=$root/build-tsan
       log "tsan: configuring and building $dir (KEEL_PREFIX=ON)"
-      if configure_build "$dir" -DKEEL_PREFIX=ON -DKEEL_SANITIZE=thread -DKEEL_DEBUG=1 &&
-         cmake --build "$dir" -j2 --target test_tsan >"$dir.build.log" 2>&1; then
+      if build_flavour tsan "$dir" -DKEEL_PREFIX=ON -DKEEL_SANITIZE=thread -DKEEL_DEBUG=1 \
+           -- --target test_tsan; then
         KEEL_STRESS_SCALE=${KEEL_STRESS_SCALE:-1} run_flavour tsan "$dir" -L tsan
-      else
-        tail -40 "$dir.build.log" 2>/dev/null
-        summary+=("tsan: build FAILED"); status=1
       fi
       ;;
     debug2)
       dir=$root/build-debug2
       log "debug2: configuring and building $dir (KEEL_DEBUG=2)"
-      if configure_build "$dir" -DKEEL_DEBUG=2 &&
-         cmake --build "$dir" -j2 >"$dir.build.log" 2>&1; then
+      if build_flavour debug2 "$dir" -DKEEL_DEBUG=2; then
         KEEL_STRESS_SCALE=${KEEL_STRESS_SCALE:-1} \
           run_flavour debug2 "$dir" -L 'stress|unit|faults' -E 'unit\.fastpath'
-      else
-        tail -40 "$dir.build.log" 2>/dev/null
-        summary+=("debug2: build FAILED"); status=1
       fi
       ;;
     *)

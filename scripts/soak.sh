@@ -11,20 +11,16 @@
 # results/soak), one summary line each. Exit status non-zero if a Keel soak failed.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
+source "$here/scripts/lib/runner.sh"
 secs=300 only="redis mariadb" alloc=keel lib=$here/build/libkeel.so results=$here/results/soak
-while (($#)); do
+USAGE="[--seconds N] [--only redis|mariadb] [--alloc keel|glibc|both] [--lib PATH] [--results DIR]"
+runner_own_option() {
   case $1 in
-    --seconds) secs=$2; shift ;;
-    --only) only=$2; shift ;;
-    --alloc) alloc=$2; shift ;;
-    --lib) lib=$2; shift ;;
-    --results) results=$2; shift ;;
-    *) echo "usage: $0 [--seconds N] [--only redis|mariadb] [--alloc keel|glibc|both] [--lib PATH] [--results DIR]" >&2; exit 2 ;;
+    --seconds) secs=$2 ;;
+    *) return 1 ;;
   esac
-  shift
-done
-mkdir -p "$results"
-case $alloc in both) allocs=(glibc keel) ;; keel|glibc) allocs=("$alloc") ;; *) exit 2 ;; esac
+}
+runner_parse "$@"
 status=0 ran=0 summary=()
 for s in $only; do
   for a in "${allocs[@]}"; do

@@ -18,21 +18,18 @@
 # that passes under glibc (with --alloc keel: if any test fails).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
+source "$here/scripts/lib/runner.sh"
 mode=full alloc=both only="python mariadb" lib=$here/build/libkeel.so results=$here/results/suites
-while (($#)); do
+USAGE="[--quick|--full] [--alloc keel|glibc|both] [--only python|mariadb] [--lib PATH] [--results DIR]"
+runner_own_option() {
+  RUNNER_TOOK=1
   case $1 in
     --quick) mode=quick ;;
     --full) mode=full ;;
-    --alloc) alloc=$2; shift ;;
-    --only) only=$2; shift ;;
-    --lib) lib=$2; shift ;;
-    --results) results=$2; shift ;;
-    *) echo "usage: $0 [--quick|--full] [--alloc keel|glibc|both] [--only python|mariadb] [--lib PATH] [--results DIR]" >&2; exit 2 ;;
+    *) return 1 ;;
   esac
-  shift
-done
-mkdir -p "$results"
-case $alloc in both) allocs=(glibc keel) ;; keel|glibc) allocs=("$alloc") ;; *) exit 2 ;; esac
+}
+runner_parse "$@"
 [[ " ${allocs[*]} " == *" keel "* && ! -f $lib ]] && { echo "no $lib: build first (scripts/build.sh)"; exit 1; }
 
 status=0 skipped=0 ran=0

@@ -23,30 +23,27 @@ from typing import Iterable, Optional, Sequence
 import psutil
 
 
+def proc_kib(path: str, field: str, absent: Optional[int] = None) -> Optional[int]:
+    """The value of a "FIELD:  N kB" line of a /proc file (status, smaps_rollup) in KiB:
+    None if the file cannot be read (the process is gone), `absent` if it has no such line."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return absent
+
+
 def read_vmrss_kib(pid: int) -> Optional[int]:
     """VmRSS of one process in KiB, or None if it is gone (or a zombie: no VmRSS)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    except OSError:
-        return None
-    return None
+    return proc_kib(f"/proc/{pid}/status", "VmRSS")
 
 
 def read_vmhwm_kib(pid: int) -> Optional[int]:
     """VmHWM (the kernel's own RSS high-water mark) of one process in KiB, or None."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
+    return proc_kib(f"/proc/{pid}/status", "VmHWM")
 
 
 def descendants(pid: int) -> list[int]:

@@ -37,9 +37,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Self, Sequence
 
 from .allocators import Allocator
+from .measure import proc_kib
 from .suites.base import SuiteError
 
 LOG_TAIL_LINES = 40
@@ -112,15 +113,9 @@ def pid_running(pid: int) -> bool:
 
 
 def proc_status_kib(pid: int, field: str = "VmRSS") -> Optional[int]:
-    """A 'kB' field of /proc/PID/status (VmRSS, VmHWM, RssAnon, ...), None if gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return 0
+    """A 'kB' field of /proc/PID/status (VmRSS, VmHWM, RssAnon, ...), None if gone, 0 if
+    the process has no such line."""
+    return proc_kib(f"/proc/{pid}/status", field, absent=0)
 
 
 def rss_kib(pid: int) -> Optional[int]:
@@ -159,14 +154,7 @@ def tree_kib(pid: int, field: str = "VmRSS") -> Optional[int]:
 
 
 def smaps_rollup_kib(pid: int, field: str = "AnonHugePages") -> Optional[int]:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return 0
+    return proc_kib(f"/proc/{pid}/smaps_rollup", field, absent=0)
 
 
 def log_tail(path: Optional[Path], n: int = LOG_TAIL_LINES) -> str:
@@ -570,16 +558,37 @@ def _reap_leftovers(pids: Iterable[int]) -> None:
             pids = [p for p in pids if pid_running(p)]
 
 
-# ---- Redis ---------------------------------------------------------------------------
+# ---- the clients' connection ---------------------------------------------------------
 
 
-class RedisClient:
-    """Minimal RESP client: command() and pipeline()."""
+class TcpClient:
+    """A TCP connection for the minimal protocol clients below: sock (TCP_NODELAY) and f,
+    its buffered reader; close() on leaving a with block."""
 
     def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 30.0):
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.f = self.sock.makefile("rb")
+
+    def close(self) -> None:
+        try:
+            self.f.close()
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ---- Redis ---------------------------------------------------------------------------
+
+
+class RedisClient(TcpClient):
+    """Minimal RESP client: command() and pipeline()."""
 
     @staticmethod
     def encode(*args) -> bytes:
@@ -647,19 +656,6 @@ class RedisClient:
                 k, v = line.split(":", 1)
                 out[k] = v.strip()
         return out
-
-    def close(self) -> None:
-        try:
-            self.f.close()
-            self.sock.close()
-        except OSError:
-            pass
-
-    def __enter__(self) -> "RedisClient":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 class RedisReplyError(Exception):
@@ -931,15 +927,13 @@ class MySQLError(Exception):
     pass
 
 
-class MySQLMini:
+class MySQLMini(TcpClient):
     """Just enough of the MySQL client protocol for SphinxQL: handshake without a
     password, COM_QUERY, text result sets (rows as lists of str/None)."""
 
     def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 30.0,
                  user: str = "keel"):
-        self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.f = self.sock.makefile("rb")
+        super().__init__(port, host, timeout)
         self._read_packet()                          # server greeting
         caps = 0x0001 | 0x0200 | 0x8000               # long password, protocol 41, secure conn.
         payload = (struct.pack("<IIB", caps, 1 << 24, 33) + b"\0" * 23 + user.encode() + b"\0"
@@ -1017,17 +1011,7 @@ class MySQLMini:
             self._send(b"\x01", 0)                   # COM_QUIT
         except OSError:
             pass
-        try:
-            self.f.close()
-            self.sock.close()
-        except OSError:
-            pass
-
-    def __enter__(self) -> "MySQLMini":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        super().close()
 
 
 # --------------------------------------------------------------------------------------

@@ -8,19 +8,8 @@
 #include <signal.h>
 #include <sys/resource.h>
 
-/* Address space of this process in bytes, from /proc/self/statm (no stdio). */
-static inline size_t vm_bytes(void) {
-  char buf[128];
-  int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return 0;
-  buf[n] = 0;
-  unsigned long size = 0;
-  if (sscanf(buf, "%lu", &size) != 1) return 0;
-  return (size_t)size * (size_t)sysconf(_SC_PAGESIZE);
-}
+/* Address space of this process in bytes, from /proc/self/statm (0 if unreadable). */
+static inline size_t vm_bytes(void) { return statm_bytes(0); }
 
 /* One allocation tier: how to allocate a block of it. */
 typedef struct {

@@ -285,9 +285,10 @@ static inline double stress_scale(void) {
   return v > 0 ? v : 1.0;
 }
 
-/* Resident set size in bytes, from /proc/self/statm (0 if unreadable). No stdio: stdio
- * would allocate while we measure. */
-static inline size_t rss_bytes(void) {
+/* One of the first two fields of /proc/self/statm in bytes: 0 the address space, 1 the
+ * resident set (0 if unreadable). No stdio streams: they would allocate while we
+ * measure. */
+static inline size_t statm_bytes(int field) {
   char buf[128];
   int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return 0;
@@ -295,10 +296,13 @@ static inline size_t rss_bytes(void) {
   close(fd);
   if (n <= 0) return 0;
   buf[n] = 0;
-  unsigned long size = 0, resident = 0;
-  if (sscanf(buf, "%lu %lu", &size, &resident) != 2) return 0;
-  return (size_t)resident * (size_t)sysconf(_SC_PAGESIZE);
+  unsigned long v[2] = {0, 0};
+  if (sscanf(buf, "%lu %lu", &v[0], &v[1]) != 2) return 0;
+  return (size_t)v[field] * (size_t)sysconf(_SC_PAGESIZE);
 }
+
+/* Resident set size in bytes (0 if unreadable). */
+static inline size_t rss_bytes(void) { return statm_bytes(1); }
 
 static inline int is_pow2(size_t x) { return x && !(x & (x - 1)); }
 static inline size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }

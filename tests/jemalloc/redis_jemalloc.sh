@@ -9,18 +9,21 @@
 #     MEMORY PURGE (arena.<narenas>.purge -> keel_purge: resident drops after FLUSHALL);
 #   - DEBUG MALLCTL / MALLCTL-STR (version names Keel, stats.allocated);
 #   - a clean SIGTERM exit with Keel's KEEL_STATS=1 exit statistics.
-# The server is always stopped by PID (tests/override/common.sh).
+# The server is always stopped by PID (tests/override/common.sh,
+# tests/harness/redis_server.sh).
 #
 # Usage: bash tests/jemalloc/redis_jemalloc.sh /path/to/libkeel.so
 OV_NAME=jemalloc-redis
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-if [[ ! -f "$here/../override/common.sh" ]]; then
-  echo "[$OV_NAME] SKIP: tests/override/common.sh (the server helpers) is missing"
-  exit 77
-fi
+for f in override/common.sh harness/redis_server.sh; do
+  if [[ ! -f "$here/../$f" ]]; then
+    echo "[$OV_NAME] SKIP: tests/$f (the server helpers) is missing"
+    exit 77
+  fi
+done
 source "$here/../override/common.sh"
+source "$here/../harness/redis_server.sh"
 
-REDIS_SERVER=${REDIS_SERVER:-/usr/bin/redis-server}
 ov_need_server "$REDIS_SERVER"
 ov_need_tool redis-cli /usr/bin/python3
 "$REDIS_SERVER" --version | grep -q 'malloc=jemalloc' ||
@@ -36,24 +39,7 @@ for sym in $imports; do
     ov_fail "redis-server imports $sym but $OV_LIB does not export it"
 done
 
-port=$(ov_free_port)
-data=$OV_TMP/data
-mkdir -p "$data"
-out_log=$OV_TMP/redis.out
-err_log=$OV_TMP/redis.err
-ov_log "starting redis-server on 127.0.0.1:$port"
-env LD_PRELOAD="$OV_LIB" KEEL_STATS=1 "$REDIS_SERVER" \
-  --bind 127.0.0.1 --port "$port" --protected-mode yes \
-  --save '' --appendonly no --dir "$data" --daemonize no --supervised no \
-  --logfile '' --loglevel notice --enable-debug-command local \
-  >"$out_log" 2>"$err_log" </dev/null &
-rpid=$!
-ov_register "$rpid" redis-server "$out_log" "$err_log"
-
-cli() { timeout 60 redis-cli -h 127.0.0.1 -p "$port" "$@"; }
-ping_ok() { [[ "$(cli PING 2>/dev/null)" == PONG ]]; }
-ov_wait_for 30 "$rpid" redis-server ping_ok
-ov_check_maps "$rpid" redis-server
+redis_start
 
 # field <name> <text>: the value of "name:value" (INFO) lines.
 field() { sed -n "s/^$1://p" <<<"$2" | head -1; }
@@ -83,15 +69,10 @@ ov_log "ok: DEBUG MALLCTL-STR version = $ver"
 # --- a data set: 150k small strings, hashes, and some values of 200 KiB - 2 MiB ---------
 r=$(cli DEBUG POPULATE 150000 key 300) || ov_fail "DEBUG POPULATE failed"
 [[ "$r" == OK ]] || ov_fail "DEBUG POPULATE answered: $r"
-/usr/bin/python3 - "$OV_TMP/big.resp" <<'PY'
+redis_python - "$OV_TMP/big.resp" <<'PY'
 import sys
+from redis_resp import resp
 out = open(sys.argv[1], "wb")
-def resp(*args):
-    b = [b"*%d\r\n" % len(args)]
-    for a in args:
-        a = a if isinstance(a, bytes) else str(a).encode()
-        b.append(b"$%d\r\n%s\r\n" % (len(a), a))
-    return b"".join(b)
 for i in range(24):
     size = (200 << 10) + i * (80 << 10)          # 200 KiB .. ~2 MiB: large and huge blocks
     out.write(resp(b"SET", b"big:%d" % i, bytes([65 + i % 26]) * size))
@@ -158,7 +139,4 @@ ov_log "ok: after FLUSHALL + MEMORY PURGE: used_memory $used2, allocator_allocat
 # --- a little more traffic on the emptied server, then a clean stop ------------------------
 r=$(cli DEBUG POPULATE 20000 again 100)
 [[ "$r" == OK ]] || ov_fail "DEBUG POPULATE (second) answered: $r"
-ov_running "$rpid" || ov_fail "redis-server is gone"
-ov_stop_checked "$rpid"
-grep -q 'ready to exit, bye bye' "$out_log" "$err_log" || ov_fail "redis-server log has no 'ready to exit, bye bye'"
-ov_check_stats "$err_log" redis-server "$rpid"
+redis_stop

@@ -31,20 +31,17 @@ ov_fail() { printf '[%s %3ds] FAIL: %s\n' "$OV_NAME" $((SECONDS - OV_T0)) "$*" >
 ov_skip() { printf '[%s] SKIP: %s\n' "$OV_NAME" "$*"; exit "$OV_SKIP"; }
 
 # ov_need_server <binary...>: skip the test when the server program is not installed.
-ov_need_server() {
-  local b
-  for b in "$@"; do
-    [[ -x "$b" ]] || command -v "$b" >/dev/null 2>&1 ||
-      ov_skip "$b not installed (scripts/install-deps.sh installs it)"
-  done
-}
+ov_need_server() { ov_need ov_skip "$@"; }
 # ov_need_tool <binary...>: the load generators and clients must exist when the
 # server does; a missing one is a broken setup, not a reason to skip.
-ov_need_tool() {
-  local b
+ov_need_tool() { ov_need ov_fail "$@"; }
+# ov_need <ov_skip|ov_fail> <binary...>: calls the first for each program not installed.
+ov_need() {
+  local act=$1 b
+  shift
   for b in "$@"; do
     [[ -x "$b" ]] || command -v "$b" >/dev/null 2>&1 ||
-      ov_fail "$b not installed (scripts/install-deps.sh installs it)"
+      "$act" "$b not installed (scripts/install-deps.sh installs it)"
   done
 }
 

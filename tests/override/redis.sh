@@ -18,35 +18,14 @@
 OV_NAME=redis
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/common.sh"
+source "$here/../harness/redis_server.sh"
 
-REDIS_SERVER=${REDIS_SERVER:-/usr/bin/redis-server}
 ov_need_server "$REDIS_SERVER"
 ov_need_tool redis-cli redis-benchmark /usr/bin/python3
 ov_init "$@"
 
-port=$(ov_free_port)
-data=$OV_TMP/data
-mkdir -p "$data"
-out_log=$OV_TMP/redis.out
-err_log=$OV_TMP/redis.err
-
-ov_log "starting redis-server on 127.0.0.1:$port"
-env LD_PRELOAD="$OV_LIB" KEEL_STATS=1 "$REDIS_SERVER" \
-  --bind 127.0.0.1 --port "$port" --protected-mode yes \
-  --save '' --appendonly no --dir "$data" --daemonize no --supervised no \
-  --logfile '' --loglevel notice --enable-debug-command local \
-  --lazyfree-lazy-user-flush yes --lazyfree-lazy-user-del yes \
-  >"$out_log" 2>"$err_log" </dev/null &
-rpid=$!
-ov_register "$rpid" redis-server "$out_log" "$err_log"
-
-cli() { timeout 60 redis-cli -h 127.0.0.1 -p "$port" "$@"; }
-ping_ok() { [[ "$(cli PING 2>/dev/null)" == PONG ]]; }
-ov_wait_for 30 "$rpid" redis-server ping_ok
-ov_log "redis-server (pid $rpid) answers PING"
-
-# (a) the library is mapped in the server.
-ov_check_maps "$rpid" redis-server
+# Starts the server, waits for PING and checks (a): the library is mapped in it.
+redis_start --lazyfree-lazy-user-flush yes --lazyfree-lazy-user-del yes
 
 # --- 1. benchmark load ---------------------------------------------------------------
 tests=set,get,incr,lpush,rpush,lpop,rpop,sadd,hset,spop,zadd,lrange_100
@@ -69,8 +48,9 @@ ov_log "ok: benchmark done, dbsize $(cli DBSIZE)"
 # --- 2. a known data set ---------------------------------------------------------------
 # gen.py writes load.resp (SET/HSET/RPUSH in the Redis protocol), get.txt (one read
 # command per line) and expected.txt (the reply to each, one per line).
-/usr/bin/python3 - "$OV_TMP" <<'PY'
+redis_python - "$OV_TMP" <<'PY'
 import random, sys
+from redis_resp import resp
 d = sys.argv[1]
 rng = random.Random(20240601)
 alnum = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
@@ -78,13 +58,6 @@ alnum = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 def value(i, size):
     base = (b"%d:" % i) + bytes(alnum[(i * 7 + j) % len(alnum)] for j in range(64))
     return (base * (size // len(base) + 1))[:size]
-
-def resp(*args):
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        a = a if isinstance(a, bytes) else str(a).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
-    return b"".join(out)
 
 with open(f"{d}/load.resp", "wb") as load, open(f"{d}/get.txt", "wb") as get, \
      open(f"{d}/expected.txt", "wb") as exp:
@@ -172,7 +145,4 @@ done
 ov_log "ok: FLUSHALL ASYNC done, used_memory=$(cli INFO memory | tr -d '\r' | sed -n 's/^used_memory://p')"
 
 # --- 6. clean stop, then (b) the exit statistics ----------------------------------------
-ov_running "$rpid" || ov_fail "redis-server is gone"
-ov_stop_checked "$rpid"
-grep -q 'ready to exit, bye bye' "$out_log" "$err_log" || ov_fail "redis-server log has no 'ready to exit, bye bye'"
-ov_check_stats "$err_log" redis-server "$rpid"
+redis_stop

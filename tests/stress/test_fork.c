@@ -38,6 +38,13 @@ typedef struct {
 
 static blk_t inherited[NINHERIT];
 
+/* A size for u (0-99): 90% from lo to 1 KiB, 9% up to 100 KB, 1% up to 1 MiB. */
+static size_t pick_size(t_rng* r, uint64_t u, uint64_t lo) {
+  return u < 90   ? (size_t)rng_range(r, lo, 1024)
+         : u < 99 ? (size_t)rng_range(r, 1025, 100000)
+                  : (size_t)rng_range(r, 100001, 1 << 20);
+}
+
 /* ------------------------------------------------------------ parent side --- */
 
 static void* worker(void* arg) {
@@ -73,10 +80,7 @@ static void* worker(void* arg) {
       free(b->p);
       b->p = NULL;
     }
-    uint64_t u = rng_next(&r) % 100;
-    size_t n = u < 90 ? (size_t)rng_range(&r, 1, 1024)
-                      : u < 99 ? (size_t)rng_range(&r, 1025, 100000)
-                               : (size_t)rng_range(&r, 100001, 1 << 20);
+    size_t n = pick_size(&r, rng_next(&r) % 100, 1);
     b->p = (unsigned char*)malloc(n);
     if (!CHECK(b->p != NULL)) continue;
     b->n = n;
@@ -124,9 +128,7 @@ static int child_churn(uint64_t seed, int count) {
       b->p = NULL;
     }
     uint64_t u = rng_next(&r) % 100;
-    size_t n = u < 90 ? (size_t)rng_range(&r, 0, 1024)
-                      : u < 99 ? (size_t)rng_range(&r, 1025, 100000)
-                               : (size_t)rng_range(&r, 100001, 1 << 20);
+    size_t n = pick_size(&r, u, 0);
     unsigned char* p;
     if (u % 10 == 0) {
       p = (unsigned char*)calloc(1, n);

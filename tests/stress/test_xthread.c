@@ -75,6 +75,22 @@ static size_t pick_size(t_rng* r, long* big) {
   return (size_t)rng_range(r, (256 << 10) + 1, 4 << 20);
 }
 
+/* b becomes block p (n bytes requested) of thread me, filled with its pattern; what
+ * prefixes the call in the message ("" or "realloc "). */
+static void own_block(blk_t* b, unsigned char* p, size_t n, int me, uint64_t counter,
+                      const char* what) {
+  b->p = p;
+  b->req = n;
+  b->len = malloc_usable_size(p);
+  if (b->len < n) {
+    CHECK_MSG(0, "thread %d: %susable size %zu < %zu", me, what, b->len, n);
+    b->len = n;
+  }
+  b->owner = (uint32_t)me;
+  b->seed = block_seed(p, n, (uint32_t)me, counter);
+  pattern_fill(p, b->len, b->seed);
+}
+
 static int new_block(blk_t* b, t_rng* r, int me, uint64_t counter, long* big) {
   size_t n = pick_size(r, big);
   uint64_t how = rng_next(r) % 100;
@@ -102,16 +118,7 @@ static int new_block(blk_t* b, t_rng* r, int me, uint64_t counter, long* big) {
     return 0;
   }
   CHECK_MSG((uintptr_t)p % 16 == 0, "thread %d: %p (size %zu) not 16-aligned", me, (void*)p, n);
-  b->p = p;
-  b->req = n;
-  b->len = malloc_usable_size(p);
-  if (b->len < n) {
-    CHECK_MSG(0, "thread %d: usable size %zu < %zu", me, b->len, n);
-    b->len = n;
-  }
-  b->owner = (uint32_t)me;
-  b->seed = block_seed(p, n, (uint32_t)me, counter);
-  pattern_fill(p, b->len, b->seed);
+  own_block(b, p, n, me, counter, "");
   return 1;
 }
 
@@ -136,16 +143,7 @@ static void do_realloc(blk_t* b, t_rng* r, int me, uint64_t counter, long* big,
             "thread %d (%s): realloc %zu -> %zu (%p -> %p, owner %u) lost data at offset %zu", me,
             when, b->req, n, (void*)b->p, (void*)q, b->owner, off);
   CHECK_MSG((uintptr_t)q % 16 == 0, "thread %d: realloc result %p not 16-aligned", me, (void*)q);
-  b->p = q;
-  b->req = n;
-  b->len = malloc_usable_size(q);
-  if (b->len < n) {
-    CHECK_MSG(0, "thread %d: realloc usable size %zu < %zu", me, b->len, n);
-    b->len = n;
-  }
-  b->owner = (uint32_t)me;
-  b->seed = block_seed(q, n, (uint32_t)me, counter);
-  pattern_fill(q, b->len, b->seed);
+  own_block(b, q, n, me, counter, "realloc ");
 }
 
 /* Hands b to thread `to`; if its inbox is full, frees b here instead. */

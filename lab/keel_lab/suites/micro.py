@@ -1,4 +1,5 @@
-"""micro: libkeel's C benchmark programs (bench/*.c, built as <build>/bench/<name>).
+"""micro: libkeel's C benchmark programs (bench/*.c, built as <build>/bench/<name>; the
+list is bench/programs.txt).
 
 One run = every selected program once under one allocator, each started through the
 `measure` launcher from bench/ (it forks, sets LD_PRELOAD in the child only, execs the
@@ -28,18 +29,11 @@ from ..paths import SOURCE_DIR
 from ..procs import describe_exit, stop, tail
 from .base import Suite, SuiteContext, SuiteError
 
-PROGRAMS = {
-    "bignum": ("bignum arithmetic, a result allocated per operation", False),
-    "tree": ("compiler-like passes that copy and free small ASTs", False),
-    "xthread": ("server pattern: threads free each other's objects", True),
-    "prodcons": ("one producer thread allocates, one consumer thread frees", False),
-    "falseshare": ("allocator-induced false sharing (Hoard cache-scratch)", True),
-    "mixed": ("random sizes up to 32 KiB, live set, realloc", True),
-    "large": ("1-32 MiB blocks, every page touched", False),
-    "threadchurn": ("short-lived threads exiting with live objects", True),
-    "redis": ("Redis-like store, 16-100 byte string churn", False),
-    "larson": ("Larson server simulation, chains of short-lived threads", True),
-}
+# name -> (one-line description, takes a thread-count argument), in run order: the list
+# bench/run.py runs and bench/CMakeLists.txt builds, one program a line (NAME yes|no TEXT).
+with open(SOURCE_DIR / "bench" / "programs.txt") as _f:
+    _rows = [line.split(None, 2) for line in _f if line.strip() and not line.startswith("#")]
+PROGRAMS = {name: (desc.strip(), threads == "yes") for name, threads, desc in _rows}
 QUICK_PROGRAMS = ("bignum", "tree", "xthread", "mixed", "larson")
 QUICK_SCALE = 0.25
 CHECKSUM_RE = re.compile(r"\bchecksum=([0-9a-fA-F]+)\b")

@@ -12,24 +12,24 @@ from .base import Suite, SuiteContext, SuiteError
 from .redis import geomean, opt_float, opt_list, opt_env, size_mode
 
 
+# pgbench's report: key, type, the patterns tried in turn (the first that matches counts)
+PGBENCH_FIELDS = (
+    ("tps", float, r"^tps = ([\d.]+) \(without initial connection time\)", r"^tps = ([\d.]+)"),
+    ("mean_ms", float, r"^latency average = ([\d.]+) ms"),
+    ("stddev_ms", float, r"^latency stddev = ([\d.]+) ms"),
+    ("transactions", int, r"^number of transactions actually processed: (\d+)"),
+    ("failed", int, r"^number of failed transactions: (\d+)"),
+)
+
+
 def parse_pgbench(text: str) -> dict:
     out: dict = {}
-    m = re.search(r"^tps = ([\d.]+) \(without initial connection time\)", text, re.M) or \
-        re.search(r"^tps = ([\d.]+)", text, re.M)
-    if m:
-        out["tps"] = float(m.group(1))
-    m = re.search(r"^latency average = ([\d.]+) ms", text, re.M)
-    if m:
-        out["mean_ms"] = float(m.group(1))
-    m = re.search(r"^latency stddev = ([\d.]+) ms", text, re.M)
-    if m:
-        out["stddev_ms"] = float(m.group(1))
-    m = re.search(r"^number of transactions actually processed: (\d+)", text, re.M)
-    if m:
-        out["transactions"] = int(m.group(1))
-    m = re.search(r"^number of failed transactions: (\d+)", text, re.M)
-    if m:
-        out["failed"] = int(m.group(1))
+    for key, conv, *patterns in PGBENCH_FIELDS:
+        for pat in patterns:
+            m = re.search(pat, text, re.M)
+            if m:
+                out[key] = conv(m.group(1))
+                break
     return out
 
 

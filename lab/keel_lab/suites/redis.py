@@ -111,7 +111,18 @@ def _benchmark(srv: sv.RedisServer, ctx: SuiteContext, args: list[str], what: st
     return res
 
 
-class RedisFrag(Suite):
+class RedisSuite(Suite):
+    """What both Redis suites need: redis-server and redis-benchmark. (No name: not a
+    suite of its own.)"""
+
+    needs_packages = ("redis-server", "redis-tools")
+
+    def check(self, ctx: SuiteContext) -> None:
+        sv.which(sv.RedisServer.binary, sv.RedisServer.package)
+        sv.which("redis-benchmark", "redis-tools")
+
+
+class RedisFrag(RedisSuite):
     """A fresh redis-server per value size (3 B, 1 KiB): fill (redis-benchmark SETs of
     random keys), overwrite with 64/700/16-byte values, DEL a seeded random half of the
     keyspace (pipelined), idle. After each phase: RSS, INFO used_memory and
@@ -123,7 +134,6 @@ class RedisFrag(Suite):
     name = "redis-frag"
     description = ("Redis memory after fill (3 B / 1 KiB values), overwrite with mixed sizes, "
                    "deleting a random half, and idling: RSS per phase")
-    needs_packages = ("redis-server", "redis-tools")
 
     SIZES = {
         # keyspace, fill SETs, overwrite SETs per size, idle seconds
@@ -133,10 +143,6 @@ class RedisFrag(Suite):
     }
     VALUE_SIZES = (3, 1024)
     OVERWRITE_SIZES = (64, 700, 16)
-
-    def check(self, ctx: SuiteContext) -> None:
-        sv.which(sv.RedisServer.binary, sv.RedisServer.package)
-        sv.which("redis-benchmark", "redis-tools")
 
     def run(self, ctx: SuiteContext) -> dict:
         self.check(ctx)
@@ -252,7 +258,7 @@ class RedisFrag(Suite):
             srv.stop()
 
 
-class RedisOps(Suite):
+class RedisOps(RedisSuite):
     """redis-benchmark -t set,get,lpush,lpop with -P 16 -c 50 and with -c 200 unpipelined
     (--csv: rps, avg/p50/p95/p99 latency per test), server RSS sampled throughout.
     Options: extra_env, tiny."""
@@ -260,7 +266,6 @@ class RedisOps(Suite):
     name = "redis-ops"
     description = ("Redis SET/GET/LPUSH/LPOP throughput and latency with redis-benchmark: "
                    "pipelined (-P 16 -c 50) and 200 unpipelined clients")
-    needs_packages = ("redis-server", "redis-tools")
 
     TESTS = "set,get,lpush,lpop"
     SIZES = {   # requests pipelined, requests unpipelined, keyspace
@@ -268,10 +273,6 @@ class RedisOps(Suite):
         "quick": (300_000, 60_000, 100_000),
         "tiny": (20_000, 5_000, 10_000),
     }
-
-    def check(self, ctx: SuiteContext) -> None:
-        sv.which(sv.RedisServer.binary, sv.RedisServer.package)
-        sv.which("redis-benchmark", "redis-tools")
 
     def run(self, ctx: SuiteContext) -> dict:
         self.check(ctx)
