@@ -14,7 +14,8 @@
 # is above the idle server's value at the start):
 #   - no client error, no lost or wrong value (every value is checked);
 #   - the server exits cleanly on SIGTERM (and under Keel printed its statistics);
-#   - after each cycle deletes 90% of the keys and settles (4 s, > KEEL_PURGE_DELAY):
+#   - after each cycle deletes 90% of the keys and settles (4 s, > KEEL_PURGE_DELAY; up to
+#     12 s while RSS is not yet near the live data, since a loaded machine delays the purger):
 #       RSS over empty <= SOAK_RSS_FACTOR x the cycle's peak live data + SOAK_RSS_SLACK_MB
 #     i.e. never above the high-water mark of the data: the 10% survivors are spread
 #     over every slab, so neither Keel nor glibc can give most of that memory back
