@@ -5,7 +5,7 @@
 #   quick  a fixed list of ~60 tests from the main, innodb and json suites (~1-2 min): joins,
 #          sorts, subqueries, temporary tables, ALTER, triggers, stored procedures, JSON,
 #          character sets, InnoDB
-#   full   the main, innodb and json suites (KEEL_SUITES_MTR_SUITES to change)
+#   full   the main and json suites (KEEL_SUITES_MTR_SUITES=main,innodb,json for more)
 # Everything mtr starts inherits LD_PRELOAD: mariadbd, the mariadb-test client, perl.
 # mtr runs as root here, so servers get --user=root; --force --retry=0 (every failure is
 # counted, none hidden by a retry), --parallel=2, tests Debian marks unstable on amd64
@@ -29,7 +29,7 @@ quick=(main.1st main.alias main.alter_table main.create main.ctype_utf8 main.cty
        main.selectivity main.statistics main.analyze_stmt main.sp-big main.func_regexp
        main.type_json main.dyncol json.json_table json.json_no_table innodb.innodb_mysql
        innodb.innodb-autoinc innodb.innodb_bug30423 innodb.temporary_table main.max_statement_time)
-suites=${KEEL_SUITES_MTR_SUITES:-main,innodb,json}
+suites=${KEEL_SUITES_MTR_SUITES:-main,json}
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/keel-suites-mtr.XXXXXX")
 sampler=""
