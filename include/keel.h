@@ -45,8 +45,9 @@ typedef struct keel_stats_s {
   uint64_t huge_allocated; /* live bytes in blocks mapped directly */
   uint64_t purged_bytes;   /* total bytes returned to the OS so far */
   uint64_t purge_runs;     /* number of purge passes that returned memory */
-  uint64_t threads;        /* threads that currently own a Keel thread cache */
-  uint64_t threads_total;  /* thread caches ever created */
+  uint64_t threads;        /* live threads that have used Keel (with a thread cache or,
+                              while young, without one) */
+  uint64_t threads_total;  /* threads that have used Keel so far */
   uint64_t os_page_size;   /* page size read from the OS at start-up */
   uint64_t huge_page_size; /* transparent huge page size Keel assumes (0: none) */
 } keel_stats_t;

@@ -298,7 +298,8 @@ typedef struct keel_tcache_s {
 } keel_tcache_t;
 
 /* The calling thread's cache. Threads start on the empty cache, whose bins are all empty
- * with no room, so their first malloc and free take the slow path, which sets them up. */
+ * with no room, so every malloc and free takes the slow path, which serves a young thread
+ * from the central lists and gives a thread that keeps going its own cache (tcache.c). */
 extern _Thread_local keel_tcache_t* _keel_tc KEEL_INTERNAL;
 extern keel_tcache_t _keel_tc_empty KEEL_INTERNAL;
 

@@ -3,22 +3,36 @@
  * A thread allocates from and frees into its own cache without locks or atomic
  * read-modify-writes, whatever thread allocated the block: a cross-thread free is just
  * a local push, and the block travels back through the central list in a batch.
- * A thread's cache holds only free blocks, never pages, so a thread that allocates a
- * little costs a little (its bins start small and grow only while the thread keeps
- * missing), and 4,000 parked threads do not pin 4,000 pages per size class.
+ * A cache holds only free blocks, never pages, and a thread gets one only once it has
+ * shown it needs one (young threads, below); its bins then start small and grow only
+ * while the thread keeps missing. So 4,000 parked threads do not pin 4,000 pages per
+ * size class, nor 4,000 caches of free blocks.
  * A cache belongs to its thread; exiting threads hand their blocks back. */
 #include "core/internal.h"
 
 _Thread_local keel_tcache_t* _keel_tc = &_keel_tc_empty;
 keel_tcache_t _keel_tc_empty; /* all bins empty with no room: every access misses */
 
-enum { THREAD_NEW = 0, THREAD_CACHED, THREAD_BUSY, THREAD_GONE };
+/* Young threads. A new thread stays on the empty cache for its first YOUNG_OPS small
+ * allocations and frees: each goes straight to the central list (one lock round trip,
+ * tens of nanoseconds). A thread that allocates a little and parks -- most of the
+ * thousands of threads of a database server -- then costs the blocks it holds and
+ * nothing else: no cache struct (about 2 KiB), no free blocks kept for it, no blocks
+ * taken ahead of need (its frees go back to the slabs, where the next thread's
+ * allocations find them). A thread that keeps going gets its cache at its next slow-path
+ * call, having paid at most YOUNG_OPS lock round trips (a few microseconds). With the
+ * heap profiler on, a thread gets its cache at once: sampling counts down in the bins. */
+#define YOUNG_OPS 64
+
+enum { THREAD_NEW = 0, THREAD_YOUNG, THREAD_CACHED, THREAD_BUSY, THREAD_GONE };
 static _Thread_local uint8_t thread_state;
+static _Thread_local uint8_t young_ops; /* slow-path calls made while young */
 
 static keel_lock_t registry_lock = KEEL_LOCK_INIT;
 static keel_tcache_t* registry;    /* live caches */
 static keel_tcache_t* spare;       /* caches of exited threads, for reuse */
-static uint64_t live_caches, total_caches;
+static uint64_t live_caches;
+static uint64_t live_threads, total_threads; /* threads seen, young or with a cache */
 
 /* Slow start: a bin starts with room for one block and grows by one each time it runs
  * dry or overflows, up to a batch, then by batches up to its limit. A thread that
@@ -56,12 +70,31 @@ static void bins_reset(keel_tcache_t* t) {
 
 static void on_thread_exit(void* value);
 
-static keel_tcache_t* tcache_create(void) {
-  if (thread_state != THREAD_NEW) return NULL; /* busy creating, or exiting */
-  thread_state = THREAD_BUSY;
+/* Counts a young thread and binds the exit handler to it (with the empty cache as its
+ * value: no allocation), so that its end is counted too. False if the thread-exit hook
+ * cannot be had: the thread then stays cacheless, as before a cache could exist. */
+static bool thread_register(void) {
+  thread_state = THREAD_BUSY; /* a malloc inside this one is served from central */
   keel_ensure_init();
   if (!_keel_prim_thread_exit_init(on_thread_exit)) {
     thread_state = THREAD_NEW;
+    return false;
+  }
+  keel_lock(&registry_lock);
+  live_threads++;
+  total_threads++;
+  keel_unlock(&registry_lock);
+  _keel_prim_thread_bind(&_keel_tc_empty);
+  thread_state = THREAD_YOUNG;
+  return true;
+}
+
+static keel_tcache_t* tcache_create(void) {
+  uint8_t was = thread_state; /* NEW or YOUNG */
+  thread_state = THREAD_BUSY;
+  keel_ensure_init();
+  if (!_keel_prim_thread_exit_init(on_thread_exit)) {
+    thread_state = was;
     return NULL;
   }
   keel_lock(&registry_lock);
@@ -70,7 +103,7 @@ static keel_tcache_t* tcache_create(void) {
   keel_unlock(&registry_lock);
   if (t == NULL) t = (keel_tcache_t*)_keel_meta_alloc(sizeof(keel_tcache_t));
   if (t == NULL) {
-    thread_state = THREAD_NEW;
+    thread_state = was;
     return NULL;
   }
   bins_reset(t);
@@ -81,12 +114,28 @@ static keel_tcache_t* tcache_create(void) {
   if (registry) registry->prev = t;
   registry = t;
   live_caches++;
-  total_caches++;
+  if (was == THREAD_NEW) {
+    live_threads++;
+    total_threads++;
+  }
   keel_unlock(&registry_lock);
   _keel_prim_thread_bind(t);
   _keel_tc = t;
   thread_state = THREAD_CACHED;
   return t;
+}
+
+/* The slow paths of a thread on the empty cache: its cache, or NULL while it is young
+ * (or busy creating its cache, or exiting, or cannot have one), in which case the block
+ * goes to or comes from the central list directly. */
+static keel_tcache_t* tcache_or_young(void) {
+  if (thread_state == THREAD_NEW && !thread_register()) return tcache_create();
+  if (thread_state != THREAD_YOUNG) return NULL;
+  if (young_ops < YOUNG_OPS && !_keel_profiling) {
+    young_ops++;
+    return NULL;
+  }
+  return tcache_create();
 }
 
 /* Gives every cached block back to the central lists, in batches where possible. */
@@ -117,13 +166,20 @@ static void on_thread_exit(void* value) {
   keel_tcache_t* t = (keel_tcache_t*)value;
   thread_state = THREAD_GONE; /* later frees in this thread go straight to central */
   _keel_tc = &_keel_tc_empty;
-  if (t == NULL || t == &_keel_tc_empty) return;
+  if (t == NULL) return;
+  if (t == &_keel_tc_empty) { /* a young thread */
+    keel_lock(&registry_lock);
+    live_threads--;
+    keel_unlock(&registry_lock);
+    return;
+  }
   _keel_tcache_flush(t);
   keel_lock(&registry_lock);
   if (t->prev) t->prev->next = t->next;
   else registry = t->next;
   if (t->next) t->next->prev = t->prev;
   live_caches--;
+  live_threads--;
   t->next = spare;
   spare = t;
   keel_unlock(&registry_lock);
@@ -134,8 +190,8 @@ void _keel_tcache_thread_flush(void) {
   if (t != &_keel_tc_empty) _keel_tcache_flush(t);
 }
 
-/* Without a cache (while creating one, or after the thread's exit handler ran) blocks
- * come from and go to the central list one at a time. */
+/* Without a cache (while young, while creating one, or after the thread's exit handler
+ * ran) blocks come from and go to the central list one at a time. */
 static void* central_alloc_one(unsigned cls) {
   uint32_t got;
   void** p = (void**)_keel_central_take(cls, 1, &got);
@@ -153,7 +209,7 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls) {
   if (++verify_tick % KEEL_VERIFY_EVERY == 0) _keel_verify();
 #endif
   if (t == &_keel_tc_empty) {
-    t = tcache_create();
+    t = tcache_or_young();
     if (t == NULL) return central_alloc_one(cls);
   }
   keel_bin_t* b = &t->bins[cls];
@@ -182,7 +238,7 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls) {
 
 void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
   if (t == &_keel_tc_empty) {
-    t = tcache_create();
+    t = tcache_or_young();
     if (t == NULL) {
       ((void**)p)[0] = NULL;
       ((uintptr_t*)p)[1] = _keel_free_key;
@@ -245,6 +301,7 @@ void _keel_tcache_after_fork_child(void) {
   } else {
     registry = NULL;
   }
+  live_threads = thread_state == THREAD_YOUNG || thread_state == THREAD_CACHED ? 1 : 0;
 }
 
 /* Racy reads of other threads' bins are fine for statistics. */
@@ -257,10 +314,9 @@ __attribute__((no_sanitize("thread"))) void _keel_tcache_stats(keel_stats_t* out
       keel_bin_t* b = &t->bins[cls];
       bytes += (uint64_t)(b->max - b->avail) * _keel_classes[cls].size;
     }
-  out->threads = live_caches;
-  out->threads_total = total_caches;
-  out->metadata += (live_caches) * sizeof(keel_tcache_t);
-  keel_unlock(&registry_lock);
+  out->threads = live_threads;
+  out->threads_total = total_threads;
+  keel_unlock(&registry_lock); /* (the caches themselves are in _keel_meta_bytes()) */
   *cached_bytes = bytes;
 }
 

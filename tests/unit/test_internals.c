@@ -1,5 +1,7 @@
 /* test_internals.c -- unit tests of Keel's internal structures, linked against the
  * static library so the hidden internal functions are reachable. */
+#include <pthread.h>
+
 #include "core/internal.h"
 #include "test.h"
 
@@ -189,10 +191,29 @@ static void test_options(void) {
   _keel_options = saved;
 }
 
+/* A new thread is young: no cache of its own, its blocks come from and go straight
+ * back to the central lists (tcache.c), so a freed block is not kept for it. */
+static void* young_thread(void* arg) {
+  (void)arg;
+  void* p = malloc(64);
+  free(p);
+  keel_stats_t s;
+  s.size = sizeof s;
+  keel_stats_get(&s);
+  uintptr_t ok = _keel_tc == &_keel_tc_empty && p != NULL && s.threads >= 2 &&
+                 _keel_central_is_free(keel_size_class(64), p) ? 1 : 0;
+  return (void*)ok;
+}
+
 static void test_thread_cache(void) {
   TEST_SECTION("thread cache bins");
-  /* After a malloc/free the calling thread has a real cache whose bins respect their
-   * limits, and flushing empties it. */
+  pthread_t th;
+  void* ok = NULL;
+  CHECK(pthread_create(&th, NULL, young_thread, NULL) == 0 && pthread_join(th, &ok) == 0);
+  CHECK(ok == (void*)1);
+  /* After enough malloc/free calls the calling thread has a real cache whose bins
+   * respect their limits, and flushing empties it. */
+  for (int i = 0; i < 1000; i++) free(malloc(64));
   void* p = malloc(64);
   free(p);
   keel_tcache_t* t = _keel_tc;
