@@ -28,7 +28,7 @@ def _summary_table(snap: live.Snapshot, rss_kib: int, prev: live.Snapshot | None
     t.add_row("committed", _mib(s["committed"]), "Keel's memory not returned to the OS")
     t.add_row("mapped", _mib(s["mapped"]), "address space Keel has mapped")
     t.add_row("fragmentation", f"{frag:.2f}", "RSS / allocated")
-    t.add_row("threads", f"{s['threads']} ({s['threads_total']} ever)", "threads with a cache")
+    t.add_row("threads", f"{s['threads']} ({s['threads_total']} ever)", "threads that have used Keel (now, ever)")
     purged = s["purged_bytes"]
     rate = ""
     if prev is not None and dt > 0:
