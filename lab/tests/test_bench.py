@@ -206,7 +206,11 @@ def test_sigint_stops_cleanly_and_writes_partial_results(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "keel_lab", "bench", "threads", "--set",
                           "threads.counts=1,4,16,64,256", "--allocators", "glibc",
                           "--rounds", "50", "--out", str(out)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         # As from a terminal: a test run started in the background
+                         # (nohup, CI) has SIGINT ignored, which the child inherits and
+                         # Python then keeps.
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:

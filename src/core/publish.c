@@ -73,7 +73,14 @@ static void create(void) {
   p->pid = (uint64_t)_keel_prim_getpid();
   __atomic_store_n(&p->magic, PUBLISH_MAGIC, __ATOMIC_RELEASE);
   refresh(p);
-  __atomic_store_n(&pub, p, __ATOMIC_RELEASE);
+  __atomic_store_n(&pub, p, __ATOMIC_SEQ_CST);
+  /* Switched off while the file was being made: whichever of this and
+   * _keel_publish_option_changed takes pub back removes the file (sequentially
+   * consistent on both sides, so at least one sees the other's write). */
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (!__atomic_load_n(&_keel_options.publish, __ATOMIC_SEQ_CST) &&
+      __atomic_exchange_n(&pub, NULL, __ATOMIC_SEQ_CST) != NULL)
+    _keel_prim_publish_remove(pub_name);
 }
 
 /* In the child of fork the inherited mapping is the parent's file: never write it
@@ -85,12 +92,14 @@ void _keel_publish_after_fork_child(void) {
 }
 
 /* KEEL_PUBLISH changed at run time: switched on, the next tick creates the file; off,
- * the file goes now. The old mapping is left in place (one small block, once per
- * switch) so that a tick in flight still touches valid memory. */
+ * the file goes now (or, if the purger is creating it at this moment, as soon as it
+ * has). The old mapping is left in place (one small block, once per switch) so that a
+ * tick in flight still touches valid memory. */
 void _keel_publish_option_changed(void) {
-  if (__atomic_load_n(&_keel_options.publish, __ATOMIC_RELAXED)) {
+  __atomic_thread_fence(__ATOMIC_SEQ_CST); /* the option's store, before pub's load */
+  if (__atomic_load_n(&_keel_options.publish, __ATOMIC_SEQ_CST)) {
     __atomic_store_n(&tried, false, __ATOMIC_RELAXED);
-  } else if (__atomic_exchange_n(&pub, NULL, __ATOMIC_ACQ_REL) != NULL) {
+  } else if (__atomic_exchange_n(&pub, NULL, __ATOMIC_SEQ_CST) != NULL) {
     _keel_prim_publish_remove(pub_name);
   }
 }
