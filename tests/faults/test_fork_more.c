@@ -39,13 +39,7 @@ static volatile int stop;
 static void* published[NWORKERS][PUB]; /* blocks with a hdr_t + pattern, or NULL */
 static long worker_ops[NWORKERS], churn_started;
 
-static size_t pick(t_rng* r) {
-  uint64_t u = rng_next(r) % 1000;
-  if (u < 850) return (size_t)rng_range(r, 16, 1024);
-  if (u < 970) return (size_t)rng_range(r, 1025, 128 << 10);
-  if (u < 995) return (size_t)rng_range(r, (128 << 10) + 1, 1 << 20);
-  return (size_t)rng_range(r, (1 << 20) + 1, 6 << 20);
-}
+static size_t pick(t_rng* r) { return rng_tier_size(r, 1000, 850, 970, 995, 16, 6 << 20); }
 
 static void* make_block(size_t n, uint64_t seed) {
   hdr_t* h = (hdr_t*)malloc(n);

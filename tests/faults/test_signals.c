@@ -52,13 +52,7 @@ typedef struct {
 
 static long eintr_leaks, ops_done[2];
 
-static size_t pick(t_rng* r) {
-  uint64_t u = rng_next(r) % 1000;
-  if (u < 900) return (size_t)rng_range(r, 1, 1024);
-  if (u < 990) return (size_t)rng_range(r, 1025, 128 << 10);
-  if (u < 998) return (size_t)rng_range(r, (128 << 10) + 1, 1 << 20);
-  return (size_t)rng_range(r, (1 << 20) + 1, 3 << 20);
-}
+static size_t pick(t_rng* r) { return rng_tier_size(r, 1000, 900, 990, 998, 1, 3 << 20); }
 
 static void* churn(void* arg) {
   int me = (int)(intptr_t)arg;

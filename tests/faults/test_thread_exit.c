@@ -31,13 +31,7 @@ static size_t qhead, qcount;
 static int producers_done;
 static long consumed, realloced;
 
-static size_t pick(t_rng* r) {
-  uint64_t u = rng_next(r) % 100;
-  if (u < 80) return (size_t)rng_range(r, 1, 1024);
-  if (u < 95) return (size_t)rng_range(r, 1025, 128 << 10);
-  if (u < 99) return (size_t)rng_range(r, (128 << 10) + 1, 1 << 20);
-  return (size_t)rng_range(r, (1 << 20) + 1, 4 << 20);
-}
+static size_t pick(t_rng* r) { return rng_tier_size(r, 100, 80, 95, 99, 1, 4 << 20); }
 
 static void put(const blk_t* b) {
   pthread_mutex_lock(&qmu);

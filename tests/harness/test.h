@@ -209,6 +209,18 @@ static inline uint64_t rng_range(t_rng* r, uint64_t lo, uint64_t hi) {
   return lo + rng_next(r) % (hi - lo + 1);
 }
 
+/* A block size from Keel's four tiers, drawn with the given odds (out of `per`): small
+ * (small_min..1 KiB), slab classes (to 128 KiB), large spans (to 1 MiB), huge (to
+ * huge_max). One rng_next and one rng_range per call, whatever the mix. */
+static inline size_t rng_tier_size(t_rng* r, unsigned per, unsigned small, unsigned classes,
+                                   unsigned large, size_t small_min, size_t huge_max) {
+  uint64_t u = rng_next(r) % per;
+  if (u < small) return (size_t)rng_range(r, small_min, 1024);
+  if (u < classes) return (size_t)rng_range(r, 1025, 128 << 10);
+  if (u < large) return (size_t)rng_range(r, (128 << 10) + 1, 1 << 20);
+  return (size_t)rng_range(r, (1 << 20) + 1, huge_max);
+}
+
 static inline uint64_t mix64(uint64_t x) {
   x ^= x >> 33;
   x *= 0xff51afd7ed558ccdull;

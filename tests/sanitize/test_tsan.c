@@ -83,13 +83,7 @@ static int verify(const blk_t* b, size_t n, const char* when) {
                    when, (void*)b->p, b->n, b->align, off);
 }
 
-static size_t pick_size(t_rng* r) {
-  uint64_t u = rng_next(r) % 1000;
-  if (u < 880) return (size_t)rng_range(r, 1, 1024);
-  if (u < 980) return (size_t)rng_range(r, 1025, 128 << 10);
-  if (u < 996) return (size_t)rng_range(r, (128 << 10) + 1, 1 << 20);
-  return (size_t)rng_range(r, (1 << 20) + 1, 3 << 20);
-}
+static size_t pick_size(t_rng* r) { return rng_tier_size(r, 1000, 880, 980, 996, 1, 3 << 20); }
 
 static size_t pick_align(t_rng* r) {
   static const size_t al[] = {8, 16, 32, 64, 128, 256, 512, 1024, 4096, 8192, 65536, 1 << 20};
