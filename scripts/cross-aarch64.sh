@@ -40,6 +40,9 @@
 #   unit.thp             checks the VmFlags (hg/nh) that madvise(MADV_HUGEPAGE/NOHUGEPAGE)
 #                        sets: qemu-user 7.2 treats those advices as hints and drops them
 #                        (only MADV_DONTNEED reaches the host), so the flags never appear
+#   pagesize.small_address_space  sets ulimit -v, which under qemu-user limits qemu's own
+#                        address space (its 1 GiB translation buffer and the host view of
+#                        the guest), not the program's
 #   --qemu-issues      build and run those two reproducers (glibc only, no Keel) and exit
 #
 # Exit status: non-zero if the build, a suite or a target failed.
@@ -128,7 +131,7 @@ case $mode in
   custom) for p in "${pages[@]}"; do runs+=("$p:$huge"); done; scale=${scale:-1} ;;
 esac
 labels="api|unit|stress|misuse|pagesize"
-exclude='^(unit\.fastpath|stress\.fork|stress\.thread_churn|misuse_checked_guard\.works|unit\.thp)$'
+exclude='^(unit\.fastpath|stress\.fork|stress\.thread_churn|misuse_checked_guard\.works|unit\.thp|pagesize\.small_address_space)$'
 summary=()
 if ((suites)); then
   for run in "${runs[@]}"; do

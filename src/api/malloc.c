@@ -35,13 +35,12 @@ API void* KEEL_FN(malloc)(size_t n) {
   size_t m = n - 1;
   if (KEEL_LIKELY(m < KEEL_SMALL_MAX)) {
     keel_tcache_t* t = _keel_tc;
-    keel_bin_t* b = &t->bins[(m >> 4) + 1];
-    void** p = (void**)b->head;
+    size_t cls = (m >> 4) + 1;
+    void** p = (void**)t->head[cls];
     if (KEEL_LIKELY(p != NULL)) {
-      b->head = p[0];
-      b->avail++;
+      t->head[cls] = p[0];
       p[1] = NULL; /* clear the double-free key */
-      if (KEEL_UNLIKELY(--b->until_sample == 0)) return _keel_profile_sample_sized(p, n);
+      if (KEEL_UNLIKELY(!keel_bin_count_pop(&t->bin[cls]))) return _keel_profile_countdown_expired_sized(p, n);
       return p;
     }
   }
@@ -106,11 +105,12 @@ API void* KEEL_FN(pvalloc)(size_t n) {
 
 static KEEL_NOINLINE void free_slow(void* p, const char* call) {
   if (p == NULL) return;
+  uint8_t kind = keel_pagemap_get(p);
+  if (kind >= 1 && kind < KEEL_NUM_CLASSES) keel_bin_give_back_room(&_keel_tc->bin[kind]);
   if (KEEL_UNLIKELY(_keel_options.check)) {
     _keel_checked_free(p, call);
     return;
   }
-  uint8_t kind = keel_pagemap_get(p);
   if (kind >= 1 && kind < KEEL_NUM_CLASSES) {
     unsigned cls = kind;
     if (((uintptr_t)p & 15) != 0) {
@@ -159,25 +159,17 @@ static KEEL_NOINLINE void free_slow(void* p, const char* call) {
  * the slow path reports the double free. */
 API void KEEL_FN(free)(void* p) {
   uintptr_t a = (uintptr_t)p;
-  /* Relaxed loads: plain moves, and any entry we can see for a live block was written
-   * before the block was handed out (through a lock). */
-  uint8_t* leaf = __atomic_load_n(&_keel_pagemap_top[(a >> (KEEL_UNIT_SHIFT + KEEL_PAGEMAP_LEAF_BITS)) &
-                                                     ((1u << KEEL_PAGEMAP_TOP_BITS) - 1)],
-                                  __ATOMIC_RELAXED);
-  if (KEEL_LIKELY(leaf != NULL)) {
-    unsigned cls = __atomic_load_n(&leaf[(a >> KEEL_UNIT_SHIFT) & ((1u << KEEL_PAGEMAP_LEAF_BITS) - 1)],
-                                   __ATOMIC_RELAXED);
-    keel_tcache_t* t = _keel_tc;
-    uintptr_t key = _keel_free_key;
-    if (KEEL_LIKELY((int8_t)cls > 0 && (a & 15) == 0 && ((uintptr_t*)p)[1] != key)) {
-      keel_bin_t* b = &t->bins[cls];
-      if (KEEL_LIKELY(b->avail != 0)) {
-        ((void**)p)[0] = b->head;
-        ((uintptr_t*)p)[1] = key;
-        b->head = p;
-        b->avail--;
-        return;
-      }
+  /* Plain loads: any entry we can see for a live block was written before the block was
+   * handed out (through a lock). */
+  size_t cls = keel_pagemap_get(p);
+  keel_tcache_t* t = _keel_tc;
+  uintptr_t key = _keel_free_key;
+  if (KEEL_LIKELY((int8_t)cls > 0 && (a & 15) == 0 && ((uintptr_t*)p)[1] != key)) {
+    if (KEEL_LIKELY(keel_bin_take_room(&t->bin[cls]))) {
+      ((void**)p)[0] = t->head[cls];
+      ((uintptr_t*)p)[1] = key;
+      t->head[cls] = p;
+      return;
     }
   }
   free_slow(p, "free");

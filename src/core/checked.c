@@ -246,11 +246,10 @@ static void guard_fault(void* addr) {
     return;
   }
   /* In a freed block: its units up to the guard are untagged, or FREED for its first. A
-   * leaf that does not exist holds no Keel memory: the walk stops there. */
+   * slice of the map never written holds no Keel memory: the walk stops there. */
   for (uintptr_t g = u + unit; g > u; g += unit) {
-    uint8_t* slot = keel_pagemap_slot(g);
-    if (slot == NULL) return;
-    uint8_t tag = __atomic_load_n(slot, __ATOMIC_RELAXED);
+    if (!_keel_pagemap_slice_used(g)) return;
+    uint8_t tag = keel_pagemap_get((void*)g);
     if (tag == KEEL_KIND_GUARD) {
       guard_desc_t* d = desc_at(g);
       if (desc_ok(d, g) && __atomic_load_n(&d->freed, __ATOMIC_ACQUIRE) && a >= d->map)

@@ -25,6 +25,17 @@
 #define KEEL_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define KEEL_INTERNAL __attribute__((visibility("hidden")))
 
+#if defined(__SANITIZE_THREAD__)
+#define KEEL_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define KEEL_TSAN 1
+#endif
+#endif
+#ifndef KEEL_TSAN
+#define KEEL_TSAN 0
+#endif
+
 #if KEEL_DEBUG >= 1
 #define keel_assert(cond) \
   ((cond) ? (void)0 : _keel_fatal_internal(__FILE__, __LINE__, #cond))
@@ -162,25 +173,30 @@ size_t _keel_thp_purge_granule(void) KEEL_INTERNAL; /* smallest purge (0: any; a
 void _keel_huge_thp_apply_all(void) KEEL_INTERNAL;  /* huge.c: advise huge blocks, live and cached */
 
 /* ---- page map (pagemap.c) -------------------------------------------------------------
- * Two levels: a static top array indexed by 1 GiB regions, and leaves of one byte per
- * 64 KiB unit allocated when a region first holds Keel memory. Read without locks. */
-#define KEEL_PAGEMAP_TOP_BITS 18 /* 48-bit address space / 1 GiB */
-#define KEEL_PAGEMAP_LEAF_BITS 14
-extern uint8_t* _keel_pagemap_top[1u << KEEL_PAGEMAP_TOP_BITS] KEEL_INTERNAL;
+ * Flat: one byte per 64 KiB unit, indexed by (address >> 16) & mask, so the free fast path
+ * finds a block's class with a shift, a mask and a load. The map is reserved read-only
+ * (unwritten bytes read as KEEL_KIND_NONE) and made writable slice by slice where Keel
+ * maps memory; nothing is ever unmapped, so readers need no lock. Before the first Keel
+ * mapping, base is a single zero byte and mask is 0 (NULL and every pointer then read
+ * that byte). Base and mask are written once, before any block exists, and read with
+ * plain loads: a reader that races with that first write can only be freeing a pointer
+ * Keel never handed out. */
+extern uint8_t* _keel_pagemap_base KEEL_INTERNAL;
+extern uintptr_t _keel_pagemap_mask KEEL_INTERNAL;
 
 static inline uint8_t* keel_pagemap_slot(uintptr_t a) {
-  uint8_t* leaf = __atomic_load_n(
-      &_keel_pagemap_top[(a >> (KEEL_UNIT_SHIFT + KEEL_PAGEMAP_LEAF_BITS)) &
-                         ((1u << KEEL_PAGEMAP_TOP_BITS) - 1)],
-      __ATOMIC_ACQUIRE);
-  return leaf ? &leaf[(a >> KEEL_UNIT_SHIFT) & ((1u << KEEL_PAGEMAP_LEAF_BITS) - 1)] : NULL;
+  return &_keel_pagemap_base[(a >> KEEL_UNIT_SHIFT) & _keel_pagemap_mask];
 }
 static inline uint8_t keel_pagemap_get(const void* p) {
-  uint8_t* s = keel_pagemap_slot((uintptr_t)p);
-  return s ? __atomic_load_n(s, __ATOMIC_RELAXED) : KEEL_KIND_NONE;
+  return __atomic_load_n(keel_pagemap_slot((uintptr_t)p), __ATOMIC_RELAXED);
 }
-/* Sets `units` consecutive entries from address a; false if a leaf could not be mapped. */
+/* Sets `units` consecutive entries from address a; false if the map cannot describe a
+ * (its slice could not be made writable, or, with a reduced map, a lies outside the
+ * window the map covers): the caller then treats its mapping as failed. */
 bool _keel_pagemap_set(uintptr_t a, size_t units, uint8_t value) KEEL_INTERNAL;
+/* True if the map has ever described memory in the 1 GiB slice around a: a walk over
+ * the map (checked.c's fault handler) stops where this is false. */
+bool _keel_pagemap_slice_used(uintptr_t a) KEEL_INTERNAL;
 
 /* ---- metadata (meta.c) ------------------------------------------------------------- */
 void* _keel_meta_alloc(size_t size) KEEL_INTERNAL; /* zeroed, 64-byte aligned; NULL if OOM */
@@ -280,22 +296,72 @@ void _keel_checked_reset_locks(void) KEEL_INTERNAL;
  * A bin is a singly linked list of free blocks threaded through their first word.
  * `avail` is how many more blocks the bin may take before it must give some back:
  * count = max - avail. Fast paths touch only `head`, `avail` and, on malloc, the
- * sampling countdown (which, with profiling off, only reaches zero every 2^32 pops). */
-typedef struct keel_bin_s {
-  void* head;
-  uint16_t avail;
-  uint16_t max;
-  uint32_t until_sample; /* pops left before the heap profiler samples one (profile.c) */
+ * sampling countdown (which, with profiling off, only reaches zero every 2^32 pops).
+ * Heads and the rest are two arrays of 8-byte elements indexed by class, so that one
+ * address computation serves both and free() goes from the page-map byte to its bin with
+ * no arithmetic.
+ * `avail` is signed so that free() can take room and test in one step (decrement, branch
+ * if negative); the slow path puts it back to 0. The shared empty cache of young threads
+ * is written that way too, by any young thread, always to a small negative number or back
+ * to 0, so it never has room: a harmless race on a line only slow paths follow. */
+typedef union keel_bin_u {
+  struct {
+    int16_t avail;
+    int16_t countdown;     /* pops left, less one, in this stage of the heap profiler's
+                              countdown: 0..0x7FFF, the stage ends when it goes negative */
+    uint16_t max;
+    uint16_t countdown_hi; /* further stages of 2^15 pops (profile.c) */
+  };
+  /* avail in the low half, countdown in the high half: malloc updates both with one
+   * subtraction of 0xFFFF (avail + 1, countdown - 1) and branches on the sign. */
+  int32_t avail_countdown;
 } keel_bin_t;
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "keel_bin_t packs avail below countdown");
 
 typedef struct keel_tcache_s {
-  keel_bin_t bins[KEEL_NUM_CLASSES]; /* bins[0] never used */
+  void* head[KEEL_NUM_CLASSES]; /* [0] never used */
+  keel_bin_t bin[KEEL_NUM_CLASSES];
   struct keel_tcache_s* next;        /* registry of live caches */
   struct keel_tcache_s* prev;
   size_t max_bytes;                  /* sum over bins of max * block size */
   uint64_t refills;                  /* slow-path statistics, owner-written */
   uint64_t flushes;
 } keel_tcache_t;
+
+/* free()'s room check: takes one unit of room from the bin, true if there was one. On
+ * false the bin is left at -1 (see keel_bin_t), and the slow path that follows must call
+ * keel_bin_give_back_room. TSan builds test before writing, so that the empty cache's
+ * harmless race does not drown real reports. */
+static inline bool keel_bin_take_room(keel_bin_t* b) {
+#if KEEL_TSAN
+  if (b->avail <= 0) return false;
+  b->avail--;
+  return true;
+#else
+  return --b->avail >= 0;
+#endif
+}
+static inline void keel_bin_give_back_room(keel_bin_t* b) {
+  if (b->avail < 0) b->avail = 0;
+}
+/* malloc()'s bookkeeping for a pop: one more unit of room, one pop nearer the next heap
+ * profile sample. False when the countdown's stage ran out: the caller then calls
+ * _keel_profile_countdown_expired. */
+static inline bool keel_bin_count_pop(keel_bin_t* b) {
+  b->avail_countdown -= 0xFFFF;
+  return b->avail_countdown >= 0;
+}
+/* The same for a pop whose room was already counted (refills). */
+static inline bool keel_bin_count_sample_only(keel_bin_t* b) {
+  return --b->countdown >= 0;
+}
+/* The pops-th pop from now (1 <= pops; at most 2^31, more is clamped) is the one that
+ * finds the countdown spent in _keel_profile_countdown_expired. */
+static inline void keel_bin_set_countdown(keel_bin_t* b, uint32_t pops) {
+  uint32_t left = (pops > 0x80000000u ? 0x80000000u : pops) - 1;
+  b->countdown = (int16_t)(left & 0x7FFF);
+  b->countdown_hi = (uint16_t)(left >> 15);
+}
 
 /* The calling thread's cache. Threads start on the empty cache, whose bins are all empty
  * with no room, so every malloc and free takes the slow path, which serves a young thread
@@ -394,10 +460,14 @@ void _keel_profile_init(void) KEEL_INTERNAL;
 /* The countdown of bin b (of the calling thread's cache) reached zero after popping p
  * for a request of n bytes: returns the block to hand out (p itself, or a sampled
  * block with p pushed back). */
-void* _keel_profile_sample_small(keel_bin_t* b, void* p, size_t n) KEEL_INTERNAL;
+/* A bin's countdown stage ran out on popping p for a request of n bytes: starts the next
+ * stage, or, when the countdown is spent, serves the request with a sampled block and
+ * returns that instead. The _sized form finds the bin from n (fewer live registers in
+ * malloc's fast path). */
+void* _keel_profile_countdown_expired(keel_tcache_t* t, unsigned cls, void* p, size_t n) KEEL_INTERNAL;
+void* _keel_profile_countdown_expired_sized(void* p, size_t n) KEEL_INTERNAL;
 /* The same for the malloc fast path, whose bin follows from n (1..KEEL_SMALL_MAX): the
  * fast path then needs no extra register to make the call. */
-void* _keel_profile_sample_sized(void* p, size_t n) KEEL_INTERNAL;
 void _keel_profile_sample_big(void* p, size_t n) KEEL_INTERNAL; /* large/huge, if due */
 void _keel_profile_forget(void* p) KEEL_INTERNAL;   /* a sampled block is freed */
 uint32_t _keel_profile_first_countdown(unsigned cls) KEEL_INTERNAL;

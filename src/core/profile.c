@@ -1,9 +1,10 @@
 /* profile.c -- sampled heap profiling (KEEL_PROFILE_RATE=N: about one sample per N
  * bytes allocated; off by default).
  *
- * Cost when off: the malloc fast path decrements a per-bin countdown that starts at
- * 2^32-1 and never reaches zero in practice; nothing else. When on, the countdown is set
- * to about N / block-size pops; when it reaches zero the allocation is served from a
+ * Cost when off: the malloc fast path decrements a per-bin countdown, in the same
+ * instruction that counts the pop (keel_bin_t), and leaves the fast path once every 2^15
+ * pops to start the countdown's next stage; nothing else. When on, the countdown is set
+ * to about N / block-size pops; when it runs out the allocation is served from a
  * "sampled slab" of the same class instead, and its stack is recorded. Sampled slabs are
  * tagged in the page map, so only the free of a sampled block leaves the fast path to
  * drop its record; ordinary frees are untouched. Large and huge blocks are sampled on
@@ -116,24 +117,30 @@ static void record(void* p, size_t n) {
   in_profiler = false;
 }
 
-void* _keel_profile_sample_small(keel_bin_t* b, void* p, size_t n) {
-  unsigned cls = (unsigned)(b - _keel_tc->bins);
-  b->until_sample = _keel_profile_first_countdown(cls);
+void* _keel_profile_countdown_expired(keel_tcache_t* t, unsigned cls, void* p, size_t n) {
+  keel_bin_t* b = &t->bin[cls];
+  if (b->countdown_hi != 0) { /* the next stage */
+    b->countdown_hi--;
+    b->countdown = 0x7FFF;
+    return p;
+  }
+  keel_bin_set_countdown(b, _keel_profile_first_countdown(cls));
   if (!_keel_profiling || in_profiler) return p;
   void** q = (void**)_keel_central_take_sampled(cls);
   if (q == NULL) return p;
   /* Put p back on the bin: the program gets the sampled block instead. */
-  ((void**)p)[0] = b->head;
+  ((void**)p)[0] = t->head[cls];
   ((uintptr_t*)p)[1] = _keel_free_key;
-  b->head = p;
-  b->avail--;
+  t->head[cls] = p;
+  t->bin[cls].avail--;
   q[1] = NULL;
   record(q, n ? n : 1);
   return q;
 }
 
-void* _keel_profile_sample_sized(void* p, size_t n) {
-  return _keel_profile_sample_small(&_keel_tc->bins[keel_size_class(n)], p, n);
+
+void* _keel_profile_countdown_expired_sized(void* p, size_t n) {
+  return _keel_profile_countdown_expired(_keel_tc, keel_size_class(n), p, n);
 }
 
 void _keel_profile_sample_big(void* p, size_t n) {

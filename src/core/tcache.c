@@ -44,27 +44,28 @@ static uint32_t initial_max(unsigned cls) {
 }
 
 /* More room for bin b, if its limit and the thread's byte budget allow. */
-static void bin_grow(keel_tcache_t* t, keel_bin_t* b, unsigned cls) {
+static void bin_grow(keel_tcache_t* t, unsigned cls) {
   const keel_class_t* k = &_keel_classes[cls];
-  if (b->max >= k->bin_limit || _keel_options.check) return;
-  uint32_t grow = b->max < k->batch ? 1 : k->batch;
-  if (b->max + grow > k->bin_limit) grow = k->bin_limit - b->max;
-  if (b->max >= k->batch && t->max_bytes + (size_t)grow * k->size > _keel_options.tcache_bytes)
+  uint32_t max = t->bin[cls].max;
+  if (max >= k->bin_limit || _keel_options.check) return;
+  uint32_t grow = max < k->batch ? 1 : k->batch;
+  if (max + grow > k->bin_limit) grow = k->bin_limit - max;
+  if (max >= k->batch && t->max_bytes + (size_t)grow * k->size > _keel_options.tcache_bytes)
     return;
-  b->max += grow;
-  b->avail += grow;
+  t->bin[cls].max += grow;
+  t->bin[cls].avail += grow;
   t->max_bytes += (size_t)grow * k->size;
 }
 
 static void bins_reset(keel_tcache_t* t) {
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
-    t->bins[cls].head = NULL;
-    t->bins[cls].max = initial_max(cls);
-    t->bins[cls].avail = t->bins[cls].max;
-    t->bins[cls].until_sample = _keel_profile_first_countdown(cls);
+    t->head[cls] = NULL;
+    t->bin[cls].max = initial_max(cls);
+    t->bin[cls].avail = t->bin[cls].max;
+    keel_bin_set_countdown(&t->bin[cls], _keel_profile_first_countdown(cls));
   }
-  t->bins[0].head = NULL;
-  t->bins[0].max = t->bins[0].avail = 0;
+  t->head[0] = NULL;
+  t->bin[0].max = t->bin[0].avail = 0;
   t->max_bytes = 0;
 }
 
@@ -103,7 +104,10 @@ static keel_tcache_t* tcache_create(void) {
   keel_unlock(&registry_lock);
   if (t == NULL) t = (keel_tcache_t*)_keel_meta_alloc(sizeof(keel_tcache_t));
   if (t == NULL) {
+    /* Out of memory: stay cacheless and try again only after another YOUNG_OPS
+     * slow-path calls, not on every one. */
     thread_state = was;
+    young_ops = 0;
     return NULL;
   }
   bins_reset(t);
@@ -141,22 +145,21 @@ static keel_tcache_t* tcache_or_young(void) {
 /* Gives every cached block back to the central lists, in batches where possible. */
 void _keel_tcache_flush(keel_tcache_t* t) {
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
-    keel_bin_t* b = &t->bins[cls];
     uint32_t batch = _keel_classes[cls].batch;
-    while (b->head != NULL) {
-      void* list = b->head;
+    while (t->head[cls] != NULL) {
+      void* list = t->head[cls];
       void** last = (void**)list;
       uint32_t n = 1;
       while (n < batch && *last != NULL) {
         last = (void**)*last;
         n++;
       }
-      b->head = *last;
+      t->head[cls] = *last;
       *last = NULL;
       _keel_central_give(cls, list, n);
     }
-    b->max = initial_max(cls);
-    b->avail = b->max;
+    t->bin[cls].max = initial_max(cls);
+    t->bin[cls].avail = t->bin[cls].max;
   }
   t->max_bytes = 0;
   t->flushes++;
@@ -212,12 +215,11 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls) {
     t = tcache_or_young();
     if (t == NULL) return central_alloc_one(cls);
   }
-  keel_bin_t* b = &t->bins[cls];
-  if (b->head == NULL) {
+  if (t->head[cls] == NULL) {
     const keel_class_t* k = &_keel_classes[cls];
     /* Take what the bin has room for now (a first refill takes one block), and grow it
      * afterwards, so a thread that allocates once from a class holds only that block. */
-    uint32_t want = b->max < k->batch ? b->max : k->batch;
+    uint32_t want = t->bin[cls].max < k->batch ? t->bin[cls].max : k->batch;
     uint32_t got;
     void* list = _keel_central_take(cls, want, &got);
     if (list == NULL) {
@@ -225,13 +227,13 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls) {
       return NULL;
     }
     t->refills++;
-    b->head = list;
-    b->avail -= got;
-    bin_grow(t, b, cls);
+    t->head[cls] = list;
+    t->bin[cls].avail -= got;
+    bin_grow(t, cls);
   }
-  void** p = (void**)b->head;
-  b->head = p[0];
-  b->avail++;
+  void** p = (void**)t->head[cls];
+  t->head[cls] = p[0];
+  t->bin[cls].avail++;
   p[1] = NULL;
   return p;
 }
@@ -246,33 +248,31 @@ void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
       return;
     }
   }
-  keel_bin_t* b = &t->bins[cls];
-  if (b->avail == 0) {
+  if (t->bin[cls].avail == 0) {
     const keel_class_t* k = &_keel_classes[cls];
-    bin_grow(t, b, cls);
-    if (b->avail == 0) {
+    bin_grow(t, cls);
+    if (t->bin[cls].avail == 0) {
       /* Full: hand a batch back from the front of the bin (so it can park whole in
        * the transfer cache); walking n blocks, not the whole bin. */
-      uint32_t count = b->max - b->avail, n = count < k->batch ? count : k->batch;
-      void* list = b->head;
+      uint32_t count = t->bin[cls].max, n = count < k->batch ? count : k->batch;
+      void* list = t->head[cls];
       void** last = (void**)list;
       for (uint32_t i = 1; i < n; i++) last = (void**)*last;
-      b->head = *last;
+      t->head[cls] = *last;
       *last = NULL;
-      b->avail += n;
+      t->bin[cls].avail += n;
       _keel_central_give(cls, list, n);
     }
   }
-  ((void**)p)[0] = b->head;
+  ((void**)p)[0] = t->head[cls];
   ((uintptr_t*)p)[1] = _keel_free_key;
-  b->head = p;
-  b->avail--;
+  t->head[cls] = p;
+  t->bin[cls].avail--;
 }
 
 bool _keel_tcache_contains(keel_tcache_t* t, unsigned cls, void* p) {
-  keel_bin_t* b = &t->bins[cls];
-  uint32_t count = b->max - b->avail;
-  void* q = b->head;
+  uint32_t count = t->bin[cls].max - t->bin[cls].avail;
+  void* q = t->head[cls];
   for (uint32_t i = 0; i < count && q != NULL; i++, q = *(void**)q)
     if (q == p) return true;
   return false;
@@ -311,8 +311,7 @@ __attribute__((no_sanitize("thread"))) void _keel_tcache_stats(keel_stats_t* out
   keel_lock(&registry_lock);
   for (keel_tcache_t* t = registry; t != NULL; t = t->next)
     for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
-      keel_bin_t* b = &t->bins[cls];
-      bytes += (uint64_t)(b->max - b->avail) * _keel_classes[cls].size;
+      bytes += (uint64_t)(t->bin[cls].max - t->bin[cls].avail) * _keel_classes[cls].size;
     }
   out->threads = live_threads;
   out->threads_total = total_threads;
@@ -325,6 +324,6 @@ __attribute__((no_sanitize("thread"))) void _keel_tcache_class_counts(uint64_t* 
   keel_lock(&registry_lock);
   for (keel_tcache_t* t = registry; t != NULL; t = t->next)
     for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++)
-      counts[cls] += t->bins[cls].max - t->bins[cls].avail;
+      counts[cls] += t->bin[cls].max - t->bin[cls].avail;
   keel_unlock(&registry_lock);
 }

@@ -20,17 +20,16 @@ void* _keel_alloc_direct(unsigned cls) {
 static inline void* alloc_class(unsigned cls, size_t n, bool via_cache) {
   if (!via_cache) return _keel_alloc_direct(cls);
   keel_tcache_t* t = _keel_tc;
-  keel_bin_t* b = &t->bins[cls];
-  void** p = (void**)b->head;
+  void** p = (void**)t->head[cls];
   if (KEEL_LIKELY(p != NULL)) {
-    b->head = p[0];
-    b->avail++;
+    t->head[cls] = p[0];
     p[1] = NULL;
-  } else {
-    p = (void**)_keel_tcache_alloc_slow(t, cls);
-    if (p == NULL || t == &_keel_tc_empty) return p;
+    if (KEEL_UNLIKELY(!keel_bin_count_pop(&t->bin[cls]))) return _keel_profile_countdown_expired(t, cls, p, n);
+    return p;
   }
-  if (KEEL_UNLIKELY(--b->until_sample == 0)) return _keel_profile_sample_small(b, p, n);
+  p = (void**)_keel_tcache_alloc_slow(t, cls);
+  if (p == NULL || t == &_keel_tc_empty) return p;
+  if (KEEL_UNLIKELY(!keel_bin_count_sample_only(&t->bin[cls]))) return _keel_profile_countdown_expired(t, cls, p, n);
   return p;
 }
 

@@ -92,15 +92,14 @@ void _keel_verify(void) {
   /* The calling thread's own cache (other threads' caches change under our feet). */
   keel_tcache_t* t = _keel_tc;
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
-    keel_bin_t* b = &t->bins[cls];
-    VERIFY(b->avail <= b->max);
+    VERIFY(t->bin[cls].avail <= t->bin[cls].max);
     uint32_t n = 0;
     /* (Blocks refilled from a slab have never been handed out, so they need not
      * carry the free key yet.) */
-    for (void** q = (void**)b->head; q != NULL; q = (void**)q[0], n++) {
+    for (void** q = (void**)t->head[cls]; q != NULL; q = (void**)q[0], n++) {
       VERIFY(keel_pagemap_get(q) == cls);
-      VERIFY(n <= b->max);
+      VERIFY(n <= t->bin[cls].max);
     }
-    VERIFY(n == (uint32_t)(b->max - b->avail));
+    VERIFY(n == (uint32_t)(t->bin[cls].max - t->bin[cls].avail));
   }
 }

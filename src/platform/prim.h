@@ -21,6 +21,11 @@
  * Returns NULL on failure (errno is then ENOMEM for the caller to keep). */
 void* _keel_prim_map(size_t size, size_t align, void* hint);
 
+/* Reserves `size` bytes of address space that read as zeros and cost no memory until
+ * written; parts are made writable with _keel_prim_protect(..., true). NULL on failure
+ * (for instance under RLIMIT_AS); errno is left as it was. */
+void* _keel_prim_reserve_zero(size_t size);
+
 /* Unmaps a range returned by _keel_prim_map (or a page-aligned part of it). */
 void _keel_prim_unmap(void* addr, size_t size);
 

@@ -62,6 +62,17 @@ void* _keel_prim_map(size_t size, size_t align, void* hint) {
   return (void*)aligned;
 }
 
+void* _keel_prim_reserve_zero(size_t size) {
+  int saved = errno;
+  /* Read-only private memory is never charged to the commit limit, even under strict
+   * overcommit; reads are served by the kernel's zero page. No huge pages: the map is
+   * written sparsely and a 2 MiB page per written slice would be pure waste. */
+  void* p = mmap(NULL, size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p != MAP_FAILED) madvise(p, size, MADV_NOHUGEPAGE);
+  errno = saved;
+  return p == MAP_FAILED ? NULL : p;
+}
+
 void _keel_prim_unmap(void* addr, size_t size) {
   int saved = errno;
   munmap(addr, size);

@@ -14,7 +14,10 @@
  *                                 blocks) and uses for bookkeeping;
  *   keel_vm                       the address space Keel holds: the bytes of the mappings
  *                                 Keel made with mmap/mremap less those it unmapped,
- *                                 rounded to pages. This program defines mmap, munmap and
+ *                                 rounded to pages, writable ones only: Keel's one
+ *                                 read-only reservation (the page map, which costs no
+ *                                 memory until parts are made writable with mprotect,
+ *                                 counted here then) is reported apart as keel_ro. This program defines mmap, munmap and
  *                                 mremap itself (forwarding to the system calls), so
  *                                 libkeel's calls -- and only those: glibc's own, e.g.
  *                                 for thread stacks, do not go through the symbol table --
@@ -64,15 +67,16 @@
 #define MAX_THREAD_VSZ_NOSTACK (2 * MiB) /* "never in huge-page units" */
 #define MAX_TRIVIAL_COMMITTED (8 * MiB)
 #define MAX_TRIVIAL_MAPPED (64 * MiB)
+#define MAX_TRIVIAL_RESERVED_RO (4096 * MiB) /* the page map: 2^32 bytes whatever the page size */
 
 typedef struct {
   uint64_t committed, mapped, metadata, retained, threads;
-  uint64_t keel_vm, vsz, vm_size, vm_rss;
+  uint64_t keel_vm, keel_ro, vsz, vm_size, vm_rss;
 } snap_t;
 
 /* ---- Keel's own mappings: mmap, munmap and mremap as seen by libkeel ------------- */
 
-static _Atomic int64_t keel_vm_bytes;
+static _Atomic int64_t keel_vm_bytes, keel_ro_bytes;
 
 static int64_t page_round(size_t n) {
   size_t page = (size_t)getauxval(AT_PAGESZ);
@@ -83,8 +87,15 @@ static int64_t page_round(size_t n) {
 void* mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off) {
   long r = syscall(SYS_mmap, addr, len, prot, flags, fd, off);
   if (r == -1) return MAP_FAILED;
-  keel_vm_bytes += page_round(len);
+  if (prot & PROT_WRITE) keel_vm_bytes += page_round(len);
+  else keel_ro_bytes += page_round(len);
   return (void*)r;
+}
+
+int mprotect(void* addr, size_t len, int prot) {
+  long r = syscall(SYS_mprotect, addr, len, prot);
+  if (r == 0 && (prot & PROT_WRITE)) keel_vm_bytes += page_round(len);
+  return (int)r;
 }
 
 int munmap(void* addr, size_t len) {
@@ -195,6 +206,7 @@ static snap_t snapshot(void) {
     s.threads = st.threads;
   }
   s.keel_vm = (uint64_t)keel_vm_bytes;
+  s.keel_ro = (uint64_t)keel_ro_bytes;
   s.vsz = maps_vsz();
   s.vm_size = status_bytes("VmSize");
   s.vm_rss = status_bytes("VmRSS");
@@ -331,10 +343,10 @@ int main(int argc, char** argv) {
     const char* names[3] = {"trivial", "parked", "joined"};
     for (int i = 0; i < 3; i++)
       printf(" \"%s\": {\"committed\": %" PRIu64 ", \"mapped\": %" PRIu64 ", \"metadata\": %" PRIu64
-             ", \"retained\": %" PRIu64 ", \"keel_vm\": %" PRIu64 ", \"vsz\": %" PRIu64
-             ", \"vm_size\": %" PRIu64 ", \"vm_rss\": %" PRIu64 "},\n",
+             ", \"retained\": %" PRIu64 ", \"keel_vm\": %" PRIu64 ", \"keel_ro\": %" PRIu64
+             ", \"vsz\": %" PRIu64 ", \"vm_size\": %" PRIu64 ", \"vm_rss\": %" PRIu64 "},\n",
              names[i], ss[i]->committed, ss[i]->mapped, ss[i]->metadata, ss[i]->retained,
-             ss[i]->keel_vm, ss[i]->vsz, ss[i]->vm_size, ss[i]->vm_rss);
+             ss[i]->keel_vm, ss[i]->keel_ro, ss[i]->vsz, ss[i]->vm_size, ss[i]->vm_rss);
     printf(" \"per_thread\": {\"committed\": %" PRId64 ", \"mapped\": %" PRId64 ", \"metadata\": %" PRId64
            ", \"keel_vm\": %" PRId64 ", \"vsz\": %" PRId64 ", \"vsz_without_stack\": %" PRId64
            ", \"vm_rss\": %" PRId64 "}}\n",
@@ -343,8 +355,9 @@ int main(int argc, char** argv) {
     printf("page size %" PRIu64 " (AT_PAGESZ %" PRIu64 "), huge page size Keel assumes %" PRIu64 "\n",
            st.os_page_size, at_pagesz, st.huge_page_size);
     printf("trivial program: committed %" PRIu64 ", mapped %" PRIu64 ", metadata %" PRIu64
-           ", Keel's mappings %" PRIu64 ", vsz %" PRIu64 " (VmSize %" PRIu64 ", VmRSS %" PRIu64 ")\n",
-           base.committed, base.mapped, base.metadata, base.keel_vm, base.vsz, base.vm_size,
+           ", Keel's mappings %" PRIu64 " (and %" PRIu64 " reserved read-only), vsz %" PRIu64
+           " (VmSize %" PRIu64 ", VmRSS %" PRIu64 ")\n",
+           base.committed, base.mapped, base.metadata, base.keel_vm, base.keel_ro, base.vsz, base.vm_size,
            base.vm_rss);
     printf("%ld parked threads, per thread: committed %" PRId64 ", mapped %" PRId64
            ", metadata %" PRId64 ", Keel's mappings %" PRId64 ", vsz %" PRId64 " (%" PRId64
@@ -375,6 +388,8 @@ int main(int argc, char** argv) {
   CHECK_MSG(base.keel_vm <= MAX_TRIVIAL_MAPPED, "trivial program: Keel's mappings %" PRIu64 " > %" PRIu64,
             base.keel_vm, MAX_TRIVIAL_MAPPED);
   CHECK_MSG(base.keel_vm > 0, "no mmap call of libkeel was seen: the interposition did not work");
+  CHECK_MSG(base.keel_ro <= MAX_TRIVIAL_RESERVED_RO, "trivial program: Keel's read-only reservations %" PRIu64 " > %" PRIu64,
+            base.keel_ro, MAX_TRIVIAL_RESERVED_RO);
   CHECK_MSG(t_vsz_nostack <= (int64_t)MAX_THREAD_VSZ_NOSTACK,
             "per thread: virtual size without the stack %" PRId64 " > %" PRIu64, t_vsz_nostack,
             MAX_THREAD_VSZ_NOSTACK);

@@ -219,15 +219,15 @@ static void test_thread_cache(void) {
   keel_tcache_t* t = _keel_tc;
   CHECK(t != &_keel_tc_empty);
   unsigned cls = keel_size_class(64);
-  CHECK(t->bins[cls].head == p);
+  CHECK(t->head[cls] == p);
   CHECK(_keel_tcache_contains(t, cls, p));
-  for (unsigned c = 1; c < KEEL_NUM_CLASSES; c++) CHECK(t->bins[c].avail <= t->bins[c].max);
+  for (unsigned c = 1; c < KEEL_NUM_CLASSES; c++) CHECK(t->bin[c].avail <= t->bin[c].max);
   void* many[2000];
   for (int i = 0; i < 2000; i++) many[i] = malloc(64);
   for (int i = 0; i < 2000; i++) free(many[i]);
-  CHECK(t->bins[cls].max <= _keel_classes[cls].bin_limit);
+  CHECK(t->bin[cls].max <= _keel_classes[cls].bin_limit);
   keel_thread_flush();
-  CHECK(t->bins[cls].head == NULL);
+  CHECK(t->head[cls] == NULL);
   CHECK(!_keel_tcache_contains(t, cls, p));
 }
 
