@@ -69,8 +69,45 @@ static void slab_release(unsigned cls, keel_slab_t* s) {
 }
 
 /* Moves up to `want` free blocks of slab s onto the list tail *tail; returns how many. */
+/* False sharing. Blocks smaller than a cache line share lines, and the lowest free bits
+ * of a slab are usually the neighbours of blocks other threads hold. A take of less
+ * than a line's worth (a young thread's single block, a slow-starting bin's first
+ * refills) therefore goes to a group of blocks that is wholly free, so two threads that
+ * each allocate a little do not write to one line (Hoard's cache-scratch: 5x slower
+ * when they do). Groups are aligned runs of 4 blocks (16 and 48 bytes: one and three
+ * lines) or 2 (32 bytes). Returns the first bit of such a group in word w, or -1. */
+static int free_group(uint64_t bits, uint32_t size) {
+  uint64_t m;
+  if (size == 32) m = bits & (bits >> 1) & 0x5555555555555555ull;
+  else m = bits & (bits >> 1) & (bits >> 2) & (bits >> 3) & 0x1111111111111111ull;
+  return m ? __builtin_ctzll(m) : -1;
+}
+
+/* Takes want (< a group) blocks from one wholly free group, if the slab has one. */
+static uint32_t slab_take_alone(keel_slab_t* s, const keel_class_t* k, uint32_t want, void*** tail) {
+  char* base = (char*)slab_base(keel_chunk_of(s), s);
+  unsigned words = (k->count + 63) / 64;
+  for (unsigned w = s->scan; w < words; w++) {
+    int b = free_group(s->free_bits[w], k->size);
+    if (b < 0) continue;
+    for (uint32_t i = 0; i < want; i++) {
+      void** obj = (void**)(base + ((size_t)w * 64 + (unsigned)b + i) * k->size);
+      **tail = obj;
+      *tail = (void**)obj;
+      s->free_bits[w] &= ~((uint64_t)1 << (b + (int)i));
+    }
+    s->used += want;
+    return want;
+  }
+  return 0;
+}
+
 static uint32_t slab_take(keel_slab_t* s, unsigned cls, uint32_t want, void*** tail) {
   const keel_class_t* k = &_keel_classes[cls];
+  if (k->size < 64 && want * k->size < 64) {
+    uint32_t got = slab_take_alone(s, k, want, tail);
+    if (got) return got;
+  }
   char* base = (char*)slab_base(keel_chunk_of(s), s);
   unsigned words = (k->count + 63) / 64;
   uint32_t got = 0;
