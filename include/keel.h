@@ -67,6 +67,22 @@ typedef struct keel_class_stats_s {
 /* Fills up to `max` entries (smallest class first); returns the number of classes. */
 KEEL_API size_t keel_stats_classes(keel_class_stats_t* out, size_t max);
 
+/* Lock statistics, one entry per kind of lock (all size classes' central locks are
+ * one entry): how often it was taken, how often a thread found it held (and spun or
+ * slept), and how often a thread slept in the kernel waiting for it. Counted always
+ * (by the holder, at the cost of an increment); they show whether Keel's shared
+ * structures are a bottleneck for a workload. */
+typedef struct keel_lock_stats_s {
+  const char* name; /* "central", "page heap", "huge", "threads", "metadata", "page map",
+                       "profile", "quarantine" */
+  uint64_t acquired;
+  uint64_t contended;
+  uint64_t sleeps;
+} keel_lock_stats_t;
+
+/* Fills up to `max` entries; returns the number of entries there are. */
+KEEL_API size_t keel_stats_locks(keel_lock_stats_t* out, size_t max);
+
 /* Writes the statistics (totals and per class) as one JSON object into buf, NUL-
  * terminated if size > 0. Returns the length the whole document needs (like snprintf);
  * if that is >= size the output was cut. */

@@ -21,6 +21,7 @@ typedef struct cached_map_s {
 } cached_map_t;
 
 static keel_lock_t huge_lock = KEEL_LOCK_INIT;
+keel_lock_t* const _keel_lock_huge = &huge_lock; /* statistics (stats.c) */
 static huge_entry_t* table;
 static size_t table_cap;  /* power of two */
 static size_t table_used;

@@ -172,6 +172,15 @@ size_t _keel_thp_size(void) KEEL_INTERNAL;          /* huge page size in use (po
 size_t _keel_thp_purge_granule(void) KEEL_INTERNAL; /* smallest purge (0: any; always: a huge page) */
 void _keel_huge_thp_apply_all(void) KEEL_INTERNAL;  /* huge.c: advise huge blocks, live and cached */
 
+/* ---- lock statistics (stats.c reads them; each module owns its lock) ---------------- */
+extern keel_lock_t* const _keel_lock_pageheap KEEL_INTERNAL;
+extern keel_lock_t* const _keel_lock_huge KEEL_INTERNAL;
+extern keel_lock_t* const _keel_lock_threads KEEL_INTERNAL;
+extern keel_lock_t* const _keel_lock_meta KEEL_INTERNAL;
+extern keel_lock_t* const _keel_lock_pagemap KEEL_INTERNAL;
+extern keel_lock_t* const _keel_lock_profile KEEL_INTERNAL;
+extern keel_lock_t* const _keel_lock_quarantine KEEL_INTERNAL;
+
 /* ---- page map (pagemap.c) -------------------------------------------------------------
  * Flat: one byte per 64 KiB unit, indexed by (address >> 16) & mask, so the free fast path
  * finds a block's class with a shift, a mask and a load. The map is reserved read-only

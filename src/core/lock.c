@@ -1,5 +1,11 @@
-/* lock.c -- the contended path of keel_lock (lock.h). */
+/* lock.c -- the contended path of keel_lock (lock.h), and reading a lock's counters. */
 #include "core/internal.h"
+
+static void count(keel_lock_t* lock, uint32_t slept) {
+  lock->acquired++;
+  lock->contended++;
+  lock->sleeps += slept;
+}
 
 void _keel_lock_slow(keel_lock_t* lock) {
   /* Spin a little: critical sections are short and the holder is likely running. */
@@ -8,10 +14,24 @@ void _keel_lock_slow(keel_lock_t* lock) {
     uint32_t expected = 0;
     if (atomic_load_explicit(&lock->state, memory_order_relaxed) == 0 &&
         atomic_compare_exchange_weak_explicit(&lock->state, &expected, 1, memory_order_acquire,
-                                              memory_order_relaxed))
+                                              memory_order_relaxed)) {
+      count(lock, 0);
       return;
+    }
   }
   /* Then sleep: mark the lock contended so the holder wakes us on release. */
-  while (atomic_exchange_explicit(&lock->state, 2, memory_order_acquire) != 0)
+  uint32_t slept = 0;
+  while (atomic_exchange_explicit(&lock->state, 2, memory_order_acquire) != 0) {
     _keel_prim_futex_wait((volatile uint32_t*)&lock->state, 2);
+    slept++;
+  }
+  count(lock, slept);
+}
+
+void _keel_lock_read(keel_lock_t* lock, keel_lock_stats_t* sum) {
+  keel_lock(lock); /* (this acquisition is counted too) */
+  sum->acquired += lock->acquired;
+  sum->contended += lock->contended;
+  sum->sleeps += lock->sleeps;
+  keel_unlock(lock);
 }

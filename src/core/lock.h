@@ -1,7 +1,10 @@
 /* lock.h -- Keel's mutex: a word with three states, futex-backed.
  * Uncontended lock/unlock is one atomic exchange each. Waiters spin briefly (the holder
  * is usually on another core and about to release), then sleep in the kernel, so that
- * 64 threads on 2 cores do not burn the holder's time slice. Never allocates. */
+ * 64 threads on 2 cores do not burn the holder's time slice. Never allocates.
+ * Each lock counts its acquisitions, the acquisitions that found it held, and the waits
+ * in the kernel (keel_stats_locks): the holder writes them, so counting costs a plain
+ * increment of a line it already owns. */
 #ifndef KEEL_LOCK_H
 #define KEEL_LOCK_H
 
@@ -12,11 +15,17 @@
 
 typedef struct keel_lock_s {
   _Atomic uint32_t state; /* 0 free, 1 held, 2 held with sleepers */
+  uint32_t sleeps;        /* futex waits before acquiring (holder-written) */
+  uint64_t acquired;      /* acquisitions (holder-written) */
+  uint64_t contended;     /* acquisitions that found the lock held */
 } keel_lock_t;
 
-#define KEEL_LOCK_INIT {0}
+#define KEEL_LOCK_INIT {0, 0, 0, 0}
 
 void _keel_lock_slow(keel_lock_t* lock);
+struct keel_lock_stats_s;
+/* Adds the lock's counters to *sum (taking the lock to read them). */
+void _keel_lock_read(keel_lock_t* lock, struct keel_lock_stats_s* sum);
 
 /* A hint to the CPU that we are spinning (saves power, yields to the sibling thread). */
 static inline void keel_cpu_relax(void) {
@@ -31,8 +40,10 @@ static inline void keel_lock(keel_lock_t* lock) {
   uint32_t expected = 0;
   if (__builtin_expect(atomic_compare_exchange_strong_explicit(&lock->state, &expected, 1,
                                                                memory_order_acquire,
-                                                               memory_order_relaxed), 1))
+                                                               memory_order_relaxed), 1)) {
+    lock->acquired++;
     return;
+  }
   _keel_lock_slow(lock);
 }
 

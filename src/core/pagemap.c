@@ -27,6 +27,7 @@ uint8_t* _keel_pagemap_base = &unmapped_byte;
 uintptr_t _keel_pagemap_mask = 0;
 
 static keel_lock_t map_lock = KEEL_LOCK_INIT;
+keel_lock_t* const _keel_lock_pagemap = &map_lock; /* statistics (stats.c) */
 static unsigned map_bits;          /* log2 of the map's size; 0 before it exists */
 static uintptr_t window_lo, window_len; /* reduced map only: the addresses it covers */
 static uint64_t slice_writable[(1u << (FULL_BITS - SLICE_BITS)) / 64];

@@ -3,6 +3,8 @@
  * counters at all. */
 #include "core/internal.h"
 
+#define LOCK_KINDS 8 /* entries of keel_stats_locks */
+
 uint64_t _keel_large_live_bytes(void);
 uint64_t _keel_checked_quarantine_bytes(void);
 
@@ -49,7 +51,7 @@ static void line(keel_buf_t* b, const char* name, uint64_t v) {
 static void print_stats(int fd, const char* title) {
   keel_stats_t s;
   _keel_stats_collect(&s);
-  char text[1536];
+  char text[3072];
   keel_buf_t b = {text, 0, sizeof text};
   _keel_buf_str(&b, "keel: statistics (pid ");
   _keel_buf_u64(&b, (uint64_t)_keel_prim_getpid());
@@ -70,6 +72,22 @@ static void print_stats(int fd, const char* title) {
   line(&b, "threads_total", s.threads_total);
   line(&b, "os_page_size", s.os_page_size);
   line(&b, "huge_page_size", s.huge_page_size);
+  /* Locks that were ever taken: acquisitions, and how many found the lock held. */
+  keel_lock_stats_t ls[LOCK_KINDS];
+  keel_stats_locks(ls, LOCK_KINDS);
+  _keel_buf_str(&b, "keel: locks (acquired / contended / slept)\n");
+  for (unsigned i = 0; i < LOCK_KINDS; i++) {
+    if (ls[i].acquired <= 1) continue; /* only our own read */
+    _keel_buf_str(&b, "keel:   ");
+    _keel_buf_str(&b, ls[i].name);
+    _keel_buf_pad(&b, b.len + (16 - strlen(ls[i].name)));
+    _keel_buf_u64(&b, ls[i].acquired);
+    _keel_buf_str(&b, " / ");
+    _keel_buf_u64(&b, ls[i].contended);
+    _keel_buf_str(&b, " / ");
+    _keel_buf_u64(&b, ls[i].sleeps);
+    _keel_buf_str(&b, "\n");
+  }
   _keel_prim_write(fd, text, b.len);
 }
 
@@ -107,6 +125,23 @@ KEEL_API size_t keel_stats_classes(keel_class_stats_t* out, size_t max) {
   return KEEL_NUM_CLASSES - 1;
 }
 
+KEEL_API size_t keel_stats_locks(keel_lock_stats_t* out, size_t max) {
+  keel_ensure_init();
+  keel_lock_stats_t all[LOCK_KINDS] = {{"central", 0, 0, 0}};
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) _keel_lock_read(&_keel_central[cls].lock, &all[0]);
+  static const char* const names[LOCK_KINDS] = {"central", "page heap", "huge", "threads",
+                                                "metadata", "page map", "profile", "quarantine"};
+  keel_lock_t* const locks[LOCK_KINDS] = {NULL, _keel_lock_pageheap, _keel_lock_huge, _keel_lock_threads,
+                                          _keel_lock_meta, _keel_lock_pagemap, _keel_lock_profile,
+                                          _keel_lock_quarantine};
+  for (unsigned i = 0; i < LOCK_KINDS; i++) {
+    all[i].name = names[i];
+    if (locks[i]) _keel_lock_read(locks[i], &all[i]);
+    if (i < max) out[i] = all[i];
+  }
+  return LOCK_KINDS;
+}
+
 static void json_field(keel_buf_t* b, const char* name, uint64_t v, bool comma) {
   _keel_buf_str(b, "\"");
   _keel_buf_str(b, name);
@@ -142,6 +177,19 @@ KEEL_API size_t keel_stats_json(char* out, size_t size) {
   json_field(&b, "threads_total", s.threads_total, true);
   json_field(&b, "os_page_size", s.os_page_size, true);
   json_field(&b, "huge_page_size", s.huge_page_size, true);
+  keel_lock_stats_t ls[LOCK_KINDS];
+  keel_stats_locks(ls, LOCK_KINDS);
+  _keel_buf_str(&b, "\"locks\":{");
+  for (unsigned i = 0; i < LOCK_KINDS; i++) {
+    _keel_buf_str(&b, i ? ",\"" : "\"");
+    _keel_buf_str(&b, ls[i].name);
+    _keel_buf_str(&b, "\":{");
+    json_field(&b, "acquired", ls[i].acquired, true);
+    json_field(&b, "contended", ls[i].contended, true);
+    json_field(&b, "sleeps", ls[i].sleeps, false);
+    _keel_buf_str(&b, "}");
+  }
+  _keel_buf_str(&b, "},");
   _keel_buf_str(&b, "\"classes\":[");
   bool first = true;
   for (size_t i = 0; i < n; i++) {

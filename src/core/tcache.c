@@ -29,6 +29,7 @@ static _Thread_local uint8_t thread_state;
 static _Thread_local uint8_t young_ops; /* slow-path calls made while young */
 
 static keel_lock_t registry_lock = KEEL_LOCK_INIT;
+keel_lock_t* const _keel_lock_threads = &registry_lock; /* statistics (stats.c) */
 static keel_tcache_t* registry;    /* live caches */
 static keel_tcache_t* spare;       /* caches of exited threads, for reuse */
 static uint64_t live_caches;

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""locks.py -- how much Keel's shared structures are contended as threads outnumber cores.
+
+Runs the threaded bench/ programs under libkeel with 2, 8 and 64 threads (the total work
+is the same at every thread count), reads Keel's lock counters at exit (KEEL_STATS=1:
+acquisitions, acquisitions that found the lock held, waits in the kernel) and prints,
+per program and thread count, the median wall time and, for the central free lists and
+the page heap: acquisitions per 1,000 malloc+free pairs, the share that was contended
+and the sleeps. Same machine-wide lock as run.py: one benchmark at a time.
+
+    python3 bench/locks.py [--build-dir build] [--runs 3] [--threads 2,8,64]
+                           [--programs xthread,larson,threadchurn] [--json OUT]
+"""
+import argparse
+import fcntl
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+# Pairs of malloc+free each program does, from its output line.
+PAIRS = {
+    "xthread": lambda out: int(re.search(r"objects=(\d+)", out).group(1)),
+    "larson": lambda out: int(re.search(r"replacements=(\d+)", out).group(1)),
+    "threadchurn": lambda out: int(re.search(r"thread_starts=(\d+)", out).group(1)) * 1500,
+}
+LOCK_LINE = re.compile(r"^keel:\s+(central|page heap|huge|threads|metadata)\s+(\d+) / (\d+) / (\d+)$")
+
+
+def run_once(prog, threads, lib):
+    env = dict(os.environ, LD_PRELOAD=lib, KEEL_STATS="1")
+    t0 = time.monotonic()
+    p = subprocess.run([prog, "1", str(threads)], env=env, capture_output=True, text=True, timeout=600)
+    wall = time.monotonic() - t0
+    if p.returncode != 0:
+        sys.exit(f"{prog} {threads}: exit {p.returncode}\n{p.stderr[-2000:]}")
+    locks = {}
+    for line in p.stderr.splitlines():
+        m = LOCK_LINE.match(line)
+        if m:
+            locks[m.group(1)] = tuple(int(x) for x in m.groups()[1:])
+    return wall, p.stdout, locks
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    ap.add_argument("--build-dir", default="build")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--threads", default="2,8,64")
+    ap.add_argument("--programs", default="xthread,larson,threadchurn")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    lib = os.path.abspath(os.path.join(a.build_dir, "libkeel.so"))
+    lock = open("/tmp/keel-bench.lock", "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    rows = []
+    for name in a.programs.split(","):
+        prog = os.path.join(a.build_dir, "bench", name)
+        for threads in [int(t) for t in a.threads.split(",")]:
+            runs = [run_once(prog, threads, lib) for _ in range(a.runs)]
+            walls = sorted(r[0] for r in runs)
+            mid = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+            pairs = PAIRS[name](mid[1])
+            row = {"program": name, "threads": threads, "wall_s": statistics.median(walls),
+                   "pairs": pairs, "locks": {k: dict(zip(("acquired", "contended", "sleeps"), v))
+                                             for k, v in mid[2].items()}}
+            rows.append(row)
+    print(f"Keel lock counters, {a.runs} runs per point (median wall; counters of the median run)")
+    print(f"{'program':12} {'threads':>7} {'wall s':>7} | {'central/1k':>10} {'contended':>9} {'sleeps':>7}"
+          f" | {'pageheap/1k':>11} {'contended':>9} {'sleeps':>7}")
+    for r in rows:
+        c = r["locks"].get("central", {"acquired": 0, "contended": 0, "sleeps": 0})
+        h = r["locks"].get("page heap", {"acquired": 0, "contended": 0, "sleeps": 0})
+        k = 1000.0 / r["pairs"]
+        pc = 100.0 * c["contended"] / max(c["acquired"], 1)
+        ph = 100.0 * h["contended"] / max(h["acquired"], 1)
+        print(f"{r['program']:12} {r['threads']:>7} {r['wall_s']:>7.3f} | {c['acquired'] * k:>10.2f} {pc:>8.2f}%"
+              f" {c['sleeps']:>7} | {h['acquired'] * k:>11.3f} {ph:>8.2f}% {h['sleeps']:>7}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"runs": a.runs, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
