@@ -24,7 +24,12 @@ STATS = struct.Struct("<II" + "Q" * len(STATS_FIELDS))  # keel_stats_t: 120 byte
 CLASS = struct.Struct("<QQQQQ")  # keel_class_stats_t
 OFF_REQUEST, OFF_ANSWERED, OFF_PURGE_REQ, OFF_PURGE_ANS, OFF_SEQ = 24, 32, 40, 48, 56
 OFF_PROFILE_REQ, OFF_PROFILE_ANS, OFF_PROFILE_PATH = 80, 88, 96
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
+LAYOUTS_READ = (2, 3)  # 2: without the lock counters
+OFF_NLOCKS = 5280  # after the 120 class entries (layout 3)
+LOCK = struct.Struct("<QQQ")  # acquired, contended, sleeps
+LOCK_NAMES = ["central", "page heap", "huge", "threads", "metadata", "page map", "profile",
+              "quarantine"]
 
 
 class LiveError(RuntimeError):
@@ -51,6 +56,7 @@ class Snapshot:
     classes: list[ClassStats]
     updated_ms: int
     purged_on_request: int
+    locks: dict = None  # name -> {"acquired", "contended", "sleeps"} (layout 3)
 
 
 def shm_path(pid: int) -> Path:
@@ -83,7 +89,7 @@ def _open(pid: int) -> tuple[mmap.mmap, object]:
         raise LiveError(f"{path} belongs to another user: run as the process's user or root") from None
     m = mmap.mmap(f.fileno(), 0)
     magic, version, *_ = HEADER.unpack_from(m, 0)
-    if magic != MAGIC or version != LAYOUT_VERSION:
+    if magic != MAGIC or version not in LAYOUTS_READ:
         m.close()
         f.close()
         raise LiveError(f"{path} is not a Keel statistics file of a known layout")
@@ -117,8 +123,14 @@ def _read_consistent(m: mmap.mmap, pid: int) -> Snapshot:
         st = STATS.unpack_from(m, HEADER.size)
         classes = [ClassStats(*CLASS.unpack_from(m, header_size + i * CLASS.size))
                    for i in range(nclasses)]
+        locks = {}
+        if header[1] >= 3:
+            nlocks = struct.unpack_from("<I", m, OFF_NLOCKS)[0]
+            for i in range(min(nlocks, len(LOCK_NAMES))):
+                locks[LOCK_NAMES[i]] = dict(zip(("acquired", "contended", "sleeps"),
+                                                LOCK.unpack_from(m, OFF_NLOCKS + 8 + i * LOCK.size)))
         if struct.unpack_from("<Q", m, OFF_SEQ)[0] == seq1:
-            return Snapshot(pid, dict(zip(STATS_FIELDS, st[2:])), classes, updated_ms, purged)
+            return Snapshot(pid, dict(zip(STATS_FIELDS, st[2:])), classes, updated_ms, purged, locks)
     raise LiveError("could not read a consistent snapshot")
 
 

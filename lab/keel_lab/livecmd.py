@@ -34,6 +34,18 @@ def _summary_table(snap: live.Snapshot, rss_kib: int, prev: live.Snapshot | None
     if prev is not None and dt > 0:
         rate = f"  (+{_mib((purged - prev.stats['purged_bytes']) / dt)}/s)"
     t.add_row("purged", _mib(purged) + rate, f"returned to the OS in {s['purge_runs']} passes")
+    for name in ("central", "page heap"):
+        lk = (snap.locks or {}).get(name)
+        if not lk:
+            continue
+        share = 100.0 * lk["contended"] / lk["acquired"] if lk["acquired"] else 0.0
+        what = f"{lk['acquired']:,} taken, {share:.2f}% found held, {lk['sleeps']:,} waits"
+        if prev is not None and dt > 0 and prev.locks and name in prev.locks:
+            p = prev.locks[name]
+            took = lk["acquired"] - p["acquired"]
+            held = lk["contended"] - p["contended"]
+            what = f"{took / dt:,.0f}/s taken, {100.0 * held / took if took else 0:.2f}% found held; " + what
+        t.add_row(f"{name} lock", what, "Keel's shared structures: contention shows here")
     return t
 
 
@@ -59,7 +71,7 @@ def cmd_stats(args) -> int:
         print(f"keel: error: {e}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({"pid": snap.pid, "rss_bytes": rss * 1024, **snap.stats,
+        print(json.dumps({"pid": snap.pid, "rss_bytes": rss * 1024, **snap.stats, "locks": snap.locks or {},
                           "classes": [c.__dict__ for c in snap.classes if c.slabs or c.blocks_in_use]},
                          indent=1))
         return 0

@@ -83,8 +83,14 @@ def test_stats_json_and_top(hog, keel_path):
         assert busiest["block_size"] == 112  # requests of 97..111 B (96 B has its own class)
         in_use = {c["block_size"]: c["blocks_in_use"] for c in s["classes"]}
         assert in_use.get(96, 0) + in_use[112] >= 299000
+        # Lock counters (layout 3): 300,000 small blocks took the central locks thousands
+        # of times; the page heap's lock at least once per slab.
+        assert s["locks"]["central"]["acquired"] > 1000, s["locks"]
+        assert 0 < s["locks"]["page heap"]["acquired"] < s["locks"]["central"]["acquired"]
+        assert all(v["contended"] <= v["acquired"] for v in s["locks"].values())
         t = keel("top", str(p.pid), "--count", "2", "--interval", "0.3", check=True)
         assert t.stdout.count("busiest size classes") == 2 and "112 B" in t.stdout
+        assert t.stdout.count("central lock") == 2
     finally:
         stop(p)
 

@@ -7,7 +7,7 @@
  * under a sequence lock and copies `request` to `answered`. The same way, `keel purge
  * PID` increments `purge_request`, and `keel profile PID` `profile_request` (the heap
  * profile is written to KEEL_PROFILE_PREFIX.<pid>.req<n>.heap, named in profile_path). Nobody looking costs two loads per purger tick. The
- * layout is fixed (version 2) and documented in docs/design.md; the lab reads it. */
+ * layout is fixed (version 3) and documented in docs/design.md; the lab reads it. */
 #include "core/internal.h"
 
 #define PUBLISH_MAGIC 0x5441545354454b4bull /* "KKETSTAT" read little-endian */
@@ -31,10 +31,17 @@ typedef struct keel_published_s {
   uint32_t pad;
   keel_stats_t stats;
   keel_class_stats_t classes[KEEL_NUM_CLASSES - 1];
+  /* Layout 3: the lock counters, in keel_stats_locks' order (names in docs/design.md). */
+  uint32_t nlocks;
+  uint32_t pad2;
+  struct {
+    uint64_t acquired, contended, sleeps;
+  } locks[8];
 } keel_published_t;
 
 _Static_assert(sizeof(keel_stats_t) == 120, "published layout: keel_stats_t is 120 bytes");
 _Static_assert(__builtin_offsetof(keel_published_t, stats) == 360, "published layout");
+_Static_assert(__builtin_offsetof(keel_published_t, nlocks) == 5280, "published layout: 120 classes");
 
 static keel_published_t* pub;
 static char pub_name[32];
@@ -52,10 +59,18 @@ static void refresh(keel_published_t* p) {
   _keel_stats_collect(&s);
   keel_class_stats_t cs[KEEL_NUM_CLASSES - 1];
   size_t n = keel_stats_classes(cs, KEEL_NUM_CLASSES - 1);
+  keel_lock_stats_t ls[8];
+  size_t nl = keel_stats_locks(ls, 8);
   __atomic_fetch_add(&p->seq, 1, __ATOMIC_ACQ_REL); /* odd: writing */
   p->stats = s;
   memcpy(p->classes, cs, n * sizeof cs[0]);
   p->nclasses = (uint32_t)n;
+  for (size_t i = 0; i < nl && i < 8; i++) {
+    p->locks[i].acquired = ls[i].acquired;
+    p->locks[i].contended = ls[i].contended;
+    p->locks[i].sleeps = ls[i].sleeps;
+  }
+  p->nlocks = (uint32_t)(nl < 8 ? nl : 8);
   p->updated_ms = _keel_prim_clock_ms();
   __atomic_fetch_add(&p->seq, 1, __ATOMIC_RELEASE); /* even: consistent */
 }
@@ -68,7 +83,7 @@ static void create(void) {
   make_name();
   keel_published_t* p = (keel_published_t*)_keel_prim_publish_create(pub_name, sizeof *p);
   if (p == NULL) return;
-  p->layout_version = 2;
+  p->layout_version = 3;
   p->header_size = (uint32_t)__builtin_offsetof(keel_published_t, classes);
   p->pid = (uint64_t)_keel_prim_getpid();
   __atomic_store_n(&p->magic, PUBLISH_MAGIC, __ATOMIC_RELEASE);
