@@ -75,12 +75,19 @@ static void slab_release(unsigned cls, keel_slab_t* s) {
  * refills) therefore goes to a group of blocks that is wholly free, so two threads that
  * each allocate a little do not write to one line (Hoard's cache-scratch: 5x slower
  * when they do). Groups are aligned runs of 4 blocks (16 and 48 bytes: one and three
- * lines) or 2 (32 bytes). Returns the first bit of such a group in word w, or -1. */
+ * lines) or 2 (32 bytes). Returns the first bit of such a group in `bits`, or -1. */
 static int free_group(uint64_t bits, uint32_t size) {
   uint64_t m;
   if (size == 32) m = bits & (bits >> 1) & 0x5555555555555555ull;
   else m = bits & (bits >> 1) & (bits >> 2) & (bits >> 3) & 0x1111111111111111ull;
   return m ? __builtin_ctzll(m) : -1;
+}
+
+/* Appends block `index` of the slab at base to the list being built at *tail. */
+static void link_block(char* base, size_t index, uint32_t size, void*** tail) {
+  void** obj = (void**)(base + index * size);
+  **tail = obj;
+  *tail = (void**)obj;
 }
 
 /* Takes want (< a group) blocks from one wholly free group, if the slab has one. */
@@ -91,9 +98,7 @@ static uint32_t slab_take_alone(keel_slab_t* s, const keel_class_t* k, uint32_t 
     int b = free_group(s->free_bits[w], k->size);
     if (b < 0) continue;
     for (uint32_t i = 0; i < want; i++) {
-      void** obj = (void**)(base + ((size_t)w * 64 + (unsigned)b + i) * k->size);
-      **tail = obj;
-      *tail = (void**)obj;
+      link_block(base, (size_t)w * 64 + (unsigned)b + i, k->size, tail);
       s->free_bits[w] &= ~((uint64_t)1 << (b + (int)i));
     }
     s->used += want;
@@ -117,9 +122,7 @@ static uint32_t slab_take(keel_slab_t* s, unsigned cls, uint32_t want, void*** t
     while (bits && got < want) {
       unsigned b = (unsigned)__builtin_ctzll(bits);
       bits &= bits - 1;
-      void** obj = (void**)(base + ((size_t)w * 64 + b) * k->size);
-      **tail = obj;
-      *tail = (void**)obj;
+      link_block(base, (size_t)w * 64 + b, k->size, tail);
       got++;
     }
     s->free_bits[w] = bits;

@@ -108,8 +108,8 @@ static size_t round_pages(size_t n) { return (n + _keel_page_size - 1) & ~(_keel
 
 /* Keeps [addr, addr+size), the part of a mapping a block no longer needs, in the cache
  * if there is room without evicting: its pages are already faulted in, and the next
- * big request reuses them instead of faulting fresh ones (bench/large: a third of the
- * page faults). Lock held. False: the caller unmaps it. */
+ * big request reuses them instead of faulting fresh ones (bench/large: 17 % fewer page
+ * faults than unmapping it). Lock held. False: the caller unmaps it. */
 static bool cache_keep(void* addr, size_t size) {
   if (_keel_options.purge_delay_ms == 0 || size < KEEL_UNIT_SIZE || cache_count == CACHE_SLOTS ||
       cached_bytes + size > CACHE_MAX_BYTES)
