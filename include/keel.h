@@ -83,6 +83,31 @@ typedef struct keel_lock_stats_s {
 /* Fills up to `max` entries; returns the number of entries there are. */
 KEEL_API size_t keel_stats_locks(keel_lock_stats_t* out, size_t max);
 
+/* What meshing (docs/meshing.md) could give back, estimated from the live slab bitmaps
+ * without moving anything. Per size class up to 2 KiB: the class's OS pages, those
+ * holding no block in use (the purger already returns them once idle), and how many
+ * more pages would be freed by meshing pages of equal index in different slabs whose
+ * blocks in use do not overlap: in pairs, or in groups of up to 8 (randomized first
+ * fit, 64 probes a page, pages over 80 % used skipped). `views` is the mappings that
+ * would take (every page of a group). Blocks in thread and transfer caches count as in
+ * use. Pages are the OS page size (keel_stats_t.os_page_size). */
+typedef struct keel_mesh_estimate_s {
+  uint64_t block_size;
+  uint64_t pages;         /* OS pages in the class's slabs */
+  uint64_t free_pages;    /* pages whose blocks are all free */
+  uint64_t candidates;    /* pages in use, at most 80 % full, in partly used slabs */
+  uint64_t pair_saved;    /* pages meshing in pairs would free */
+  uint64_t pair_views;
+  uint64_t group_saved;   /* pages meshing up to 8 pages together would free */
+  uint64_t group_views;
+} keel_mesh_estimate_t;
+
+/* Fills up to `max` entries (classes with slabs, smallest first); returns how many it
+ * filled. Runs in the caller: each class's lock is held while its bitmaps are copied,
+ * the matching runs unlocked (tens of milliseconds for a gigabyte of slabs). Returns 0
+ * with 64 KiB OS pages, where a page is a whole slab unit and meshing is refused. */
+KEEL_API size_t keel_mesh_estimate(keel_mesh_estimate_t* out, size_t max);
+
 /* Writes the statistics (totals and per class) as one JSON object into buf, NUL-
  * terminated if size > 0. Returns the length the whole document needs (like snprintf);
  * if that is >= size the output was cut. */

@@ -1,7 +1,7 @@
 """Reading a running Keel process's statistics from outside, without stopping it.
 
 A process under Keel (after its first second) has /dev/shm/keel-<pid>, mode 0600, laid
-out as below (layout version 2, little-endian; see src/core/publish.c). A reader bumps
+out as below (layout version 4, little-endian; see src/core/publish.c). A reader bumps
 `request`; the process's purger thread refreshes the figures within ~250 ms under a
 sequence lock and copies `request` to `answered`. `purge_request` works the same way
 and makes the process return its free memory to the OS.
@@ -24,10 +24,14 @@ STATS = struct.Struct("<II" + "Q" * len(STATS_FIELDS))  # keel_stats_t: 120 byte
 CLASS = struct.Struct("<QQQQQ")  # keel_class_stats_t
 OFF_REQUEST, OFF_ANSWERED, OFF_PURGE_REQ, OFF_PURGE_ANS, OFF_SEQ = 24, 32, 40, 48, 56
 OFF_PROFILE_REQ, OFF_PROFILE_ANS, OFF_PROFILE_PATH = 80, 88, 96
-LAYOUT_VERSION = 3
-LAYOUTS_READ = (2, 3)  # 2: without the lock counters
+LAYOUT_VERSION = 4
+LAYOUTS_READ = (2, 3, 4)  # 2: without the lock counters; 3: without the mesh estimate
 OFF_NLOCKS = 5280  # after the 120 class entries (layout 3)
 LOCK = struct.Struct("<QQQ")  # acquired, contended, sleeps
+OFF_MESH_REQ, OFF_MESH_ANS, OFF_NMESH, OFF_MESH = 5480, 5488, 5496, 5504  # layout 4
+MESH_FIELDS = ["block_size", "pages", "free_pages", "candidates", "pair_saved", "pair_views",
+               "group_saved", "group_views"]
+MESH_ROW = struct.Struct("<" + "Q" * len(MESH_FIELDS))  # keel_mesh_estimate_t
 LOCK_NAMES = ["central", "page heap", "huge", "threads", "metadata", "page map", "profile",
               "quarantine"]
 
@@ -169,6 +173,40 @@ def profile(pid: int, timeout: float = 30.0) -> str:
         raise LiveError(f"process {pid} is not profiling: start it with KEEL_PROFILE_RATE "
                         f"(e.g. KEEL_PROFILE_RATE=512K) to record allocation stacks")
     return path
+
+
+def mesh_estimate(pid: int, timeout: float = 30.0) -> list[dict]:
+    """What meshing could give back in a running process (keel_mesh_estimate in
+    include/keel.h): one dict per size class up to 2 KiB, counts in OS pages."""
+    m, f = _open(pid)
+    try:
+        if HEADER.unpack_from(m, 0)[1] < 4:
+            raise LiveError(f"process {pid} runs a Keel without the meshing estimate (layout < 4)")
+        _bump_and_wait(m, OFF_MESH_REQ, OFF_MESH_ANS, timeout)
+        for _ in range(100):
+            seq1 = struct.unpack_from("<Q", m, OFF_SEQ)[0]
+            if seq1 % 2:
+                time.sleep(0.001)
+                continue
+            n = struct.unpack_from("<I", m, OFF_NMESH)[0]
+            rows = [dict(zip(MESH_FIELDS, MESH_ROW.unpack_from(m, OFF_MESH + i * MESH_ROW.size)))
+                    for i in range(min(n, 72))]
+            if struct.unpack_from("<Q", m, OFF_SEQ)[0] == seq1:
+                return rows
+        raise LiveError("could not read a consistent meshing estimate")
+    finally:
+        m.close()
+        f.close()
+
+
+def mesh_totals(rows: list[dict], page_size: int) -> dict:
+    """Sums of a mesh estimate in bytes: slab memory, the part on pages in use, and what
+    pairs / groups of up to 8 would free, with the mappings each needs."""
+    tot = {k: sum(r[k] for r in rows) for k in MESH_FIELDS[1:]}
+    return {"slab_bytes": tot["pages"] * page_size,
+            "in_use_bytes": (tot["pages"] - tot["free_pages"]) * page_size,
+            "pair_saved_bytes": tot["pair_saved"] * page_size, "pair_views": tot["pair_views"],
+            "group_saved_bytes": tot["group_saved"] * page_size, "group_views": tot["group_views"]}
 
 
 def rss_kib(pid: int) -> int:

@@ -63,22 +63,50 @@ def _classes_table(snap: live.Snapshot, top: int):
     return t
 
 
+def _mesh_table(rows: list[dict], page: int, rss_kib: int):
+    from rich.table import Table
+    t = Table(title="meshing estimate (nothing is moved): what pages of equal index in different "
+                    "slabs, with no block in use at the same offset, could give back",
+              title_justify="left")
+    for col in ("block", "slab memory", "on free pages", "candidates", "pairs free", "views",
+                "up to 8 free", "views"):
+        t.add_column(col, justify="right")
+    for r in sorted(rows, key=lambda r: r["pages"], reverse=True):
+        if not r["pages"]:
+            continue
+        t.add_row(f"{r['block_size']} B", _mib(r["pages"] * page), _mib(r["free_pages"] * page),
+                  f"{r['candidates']:,}", _mib(r["pair_saved"] * page), f"{r['pair_views']:,}",
+                  _mib(r["group_saved"] * page), f"{r['group_views']:,}")
+    tot = live.mesh_totals(rows, page)
+    t.caption = (f"RSS {_mib(rss_kib * 1024)}; pairs would free {_mib(tot['pair_saved_bytes'])} "
+                 f"with {tot['pair_views']:,} mappings, groups of up to 8 "
+                 f"{_mib(tot['group_saved_bytes'])} with {tot['group_views']:,} "
+                 f"(free pages are returned by the purger already, once idle)")
+    return t
+
+
 def cmd_stats(args) -> int:
     try:
         snap = live.read(args.pid)
         rss = live.rss_kib(args.pid)
+        mesh = live.mesh_estimate(args.pid) if args.mesh else None
     except live.LiveError as e:
         print(f"keel: error: {e}", file=sys.stderr)
         return 1
+    page = snap.stats["os_page_size"]
     if args.json:
-        print(json.dumps({"pid": snap.pid, "rss_bytes": rss * 1024, **snap.stats, "locks": snap.locks or {},
-                          "classes": [c.__dict__ for c in snap.classes if c.slabs or c.blocks_in_use]},
-                         indent=1))
+        doc = {"pid": snap.pid, "rss_bytes": rss * 1024, **snap.stats, "locks": snap.locks or {},
+               "classes": [c.__dict__ for c in snap.classes if c.slabs or c.blocks_in_use]}
+        if mesh is not None:
+            doc["mesh_estimate"] = {"classes": mesh, **live.mesh_totals(mesh, page)}
+        print(json.dumps(doc, indent=1))
         return 0
     from rich.console import Console
     con = Console(highlight=False, width=120)
     con.print(_summary_table(snap, rss, None, 0))
     con.print(_classes_table(snap, args.classes))
+    if mesh is not None:
+        con.print(_mesh_table(mesh, page, rss))
     return 0
 
 
@@ -145,6 +173,8 @@ def add_parsers(sub, fmt) -> None:
     st.add_argument("pid", type=int)
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.add_argument("--classes", type=int, default=10, help="size classes to show (default 10)")
+    st.add_argument("--mesh", action="store_true",
+                    help="also estimate what meshing could give back (docs/meshing.md)")
     st.set_defaults(func=cmd_stats)
     tp = sub.add_parser("top", help="refreshing view of a running process under Keel")
     tp.add_argument("pid", type=int)

@@ -186,3 +186,47 @@ def test_stats_match_redis_used_memory(keel_path):
     finally:
         stop(p)
         shutil.rmtree(d, ignore_errors=True)
+
+
+SPARSE = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+/* 100,000 blocks of 1000 B (Keel's 1008 B class, 4 blocks a 4 KiB page), 9 in 10 freed
+   at random: pages that hold one or two blocks in use, at random offsets. */
+int main(int argc, char** argv) {
+  static void* p[100000];
+  srand(7);
+  for (int i = 0; i < 100000; i++) p[i] = malloc(1000);
+  for (int i = 0; i < 100000; i++) if (rand() % 10) { free(p[i]); p[i] = 0; }
+  printf("ready\n");
+  fflush(stdout);
+  sleep(atoi(argv[1]));
+  return 0;
+}
+"""
+
+
+def test_stats_mesh_estimate(tmp_path, cc, keel_path):
+    src, exe = tmp_path / "sparse.c", tmp_path / "sparse"
+    src.write_text(SPARSE)
+    subprocess.run([cc, "-O1", "-fno-builtin", str(src), "-o", str(exe)], check=True)
+    p = start_under_keel(exe, keel_path)
+    try:
+        s = json.loads(keel("stats", str(p.pid), "--json", "--mesh", check=True).stdout)
+        est = s["mesh_estimate"]
+        row = next(r for r in est["classes"] if r["block_size"] == 1008)
+        page = s["os_page_size"]
+        # ~99 MiB of slabs, ~10 % in use: most pages are wholly free, and the rest hold
+        # one or two blocks at random offsets, so nearly all candidates pair up.
+        assert row["pages"] * page >= 95e6
+        assert row["free_pages"] > 0.4 * row["pages"]
+        assert row["candidates"] > 0 and row["pages"] >= row["free_pages"] + row["candidates"]
+        assert 0.35 * row["candidates"] < row["pair_saved"] <= 0.5 * row["candidates"]
+        assert row["pair_views"] == 2 * row["pair_saved"]
+        assert row["group_saved"] >= row["pair_saved"]
+        assert est["pair_saved_bytes"] >= row["pair_saved"] * page
+        text = keel("stats", str(p.pid), "--mesh", check=True).stdout
+        assert "meshing estimate" in text and "1008 B" in text
+    finally:
+        stop(p)

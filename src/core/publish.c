@@ -2,15 +2,19 @@
  *
  * Once the process has lived a second (so short commands, and fork children that
  * _exit at once, never create one), the purger creates /dev/shm/keel-<pid> (mode 0600:
- * only the process's user, or root, can read it) holding a keel_published_t. A reader (`keel stats PID`, `keel top`)
- * increments `request`; the background purger, on its next tick, refreshes the figures
- * under a sequence lock and copies `request` to `answered`. The same way, `keel purge
- * PID` increments `purge_request`, and `keel profile PID` `profile_request` (the heap
- * profile is written to KEEL_PROFILE_PREFIX.<pid>.req<n>.heap, named in profile_path). Nobody looking costs two loads per purger tick. The
- * layout is fixed (version 3) and documented in docs/design.md; the lab reads it. */
+ * only the process's user, or root, can read it) holding a keel_published_t. A reader
+ * (`keel stats PID`, `keel top`) increments `request`; the background purger, on its
+ * next tick, refreshes the figures under a sequence lock and copies `request` to
+ * `answered`. The same way, `keel purge PID` increments `purge_request`, `keel profile
+ * PID` `profile_request` (the heap profile is written to
+ * KEEL_PROFILE_PREFIX.<pid>.req<n>.heap, named in profile_path), and `keel stats PID
+ * --mesh` `mesh_request` (the meshing estimate). Nobody looking costs a few loads per
+ * purger tick. The layout is fixed (version 4) and documented in docs/design.md; the
+ * lab reads it. */
 #include "core/internal.h"
 
 #define PUBLISH_MAGIC 0x5441545354454b4bull /* "KKETSTAT" read little-endian */
+#define MESH_ROWS 72 /* classes up to 2 KiB, the ones meshing considers */
 
 typedef struct keel_published_s {
   uint64_t magic;
@@ -37,11 +41,20 @@ typedef struct keel_published_s {
   struct {
     uint64_t acquired, contended, sleeps;
   } locks[8];
+  /* Layout 4: the meshing estimate (keel_mesh_estimate), computed only on request. */
+  uint64_t mesh_request;      /* readers increment */
+  uint64_t mesh_answered;
+  uint32_t nmesh;             /* rows filled in `mesh` */
+  uint32_t pad3;
+  keel_mesh_estimate_t mesh[MESH_ROWS];
 } keel_published_t;
 
 _Static_assert(sizeof(keel_stats_t) == 120, "published layout: keel_stats_t is 120 bytes");
 _Static_assert(__builtin_offsetof(keel_published_t, stats) == 360, "published layout");
 _Static_assert(__builtin_offsetof(keel_published_t, nlocks) == 5280, "published layout: 120 classes");
+_Static_assert(__builtin_offsetof(keel_published_t, mesh_request) == 5480, "published layout 4");
+_Static_assert(__builtin_offsetof(keel_published_t, mesh) == 5504 && sizeof(keel_mesh_estimate_t) == 64,
+               "published layout 4: mesh rows");
 
 static keel_published_t* pub;
 static char pub_name[32];
@@ -83,7 +96,7 @@ static void create(void) {
   make_name();
   keel_published_t* p = (keel_published_t*)_keel_prim_publish_create(pub_name, sizeof *p);
   if (p == NULL) return;
-  p->layout_version = 3;
+  p->layout_version = 4;
   p->header_size = (uint32_t)__builtin_offsetof(keel_published_t, classes);
   p->pid = (uint64_t)_keel_prim_getpid();
   __atomic_store_n(&p->magic, PUBLISH_MAGIC, __ATOMIC_RELEASE);
@@ -153,6 +166,17 @@ void _keel_publish_tick(void) {
     }
     memcpy(p->profile_path, path, sizeof path);
     __atomic_store_n(&p->profile_answered, prof, __ATOMIC_RELEASE);
+  }
+  uint64_t mesh = __atomic_load_n(&p->mesh_request, __ATOMIC_ACQUIRE);
+  if (mesh != __atomic_load_n(&p->mesh_answered, __ATOMIC_RELAXED)) {
+    keel_mesh_estimate_t rows[MESH_ROWS];
+    size_t n = keel_mesh_estimate(rows, MESH_ROWS);
+    __atomic_fetch_add(&p->seq, 1, __ATOMIC_ACQ_REL);
+    memcpy(p->mesh, rows, n * sizeof rows[0]);
+    p->nmesh = (uint32_t)n;
+    __atomic_fetch_add(&p->seq, 1, __ATOMIC_RELEASE);
+    refresh(p);
+    __atomic_store_n(&p->mesh_answered, mesh, __ATOMIC_RELEASE);
   }
   uint64_t req = __atomic_load_n(&p->request, __ATOMIC_ACQUIRE);
   if (req != __atomic_load_n(&p->answered, __ATOMIC_RELAXED)) {

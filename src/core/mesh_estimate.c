@@ -1,0 +1,191 @@
+/* mesh_estimate.c -- how much meshing could give back, measured on the live heap.
+ *
+ * Step 2 of docs/meshing.md: before anything is remapped, run the candidate search and
+ * the matcher of section 7 on copies of the real slab bitmaps, so the decision to build
+ * meshing rests on what a real server's heap looks like rather than on a model.
+ *
+ * Two slabs of a class share one layout, so OS page j of one slab holds the same block
+ * indices as page j of another: page j of slab A and page j of slab B can share one
+ * physical page when no block in use touches both at the same index. A page's "used
+ * mask" has a bit per block touching it (a block crossing a page edge is in both), set
+ * when the block is not free in the slab bitmap; blocks in thread and transfer caches
+ * are not free there, so they count as used, as a real mesher must treat them. */
+#include "core/internal.h"
+
+#define MESH_MAX_BLOCK 2048u  /* larger blocks: a page touches at most two */
+#define MESH_MAX_PAGE ((size_t)16 << 10)
+#define MESH_PROBES 64u
+#define MESH_FULL_PERCENT 80u /* pages fuller than this are not worth a view */
+
+/* Scratch memory, mapped for one estimate and unmapped after it (never malloc). */
+typedef struct scratch_s {
+  void* base;
+  size_t bytes;
+} scratch_t;
+
+static bool scratch_reserve(scratch_t* s, size_t bytes) {
+  if (bytes <= s->bytes) return true;
+  bytes = (bytes + bytes / 2 + _keel_page_size - 1) & ~(_keel_page_size - 1);
+  void* p = _keel_prim_map(bytes, 0, NULL);
+  if (p == NULL) return false;
+  if (s->base) _keel_prim_unmap(s->base, s->bytes);
+  s->base = p;
+  s->bytes = bytes;
+  return true;
+}
+
+static uint64_t rng_next(uint64_t* state) { /* xorshift64*: deterministic, no locks */
+  uint64_t x = *state;
+  x ^= x >> 12;
+  x ^= x << 25;
+  x ^= x >> 27;
+  *state = x;
+  return x * 0x2545F4914F6CDD1Dull;
+}
+
+/* Bits [start, start + n) of the complement of `free_bits` (words of one slab) into
+ * `out` (wc words, bits past n clear). Returns how many are set. */
+static unsigned used_mask(const uint64_t* free_bits, unsigned words, uint32_t start, uint32_t n,
+                          uint64_t* out, unsigned wc) {
+  unsigned set = 0;
+  for (unsigned i = 0; i < wc; i++) {
+    uint32_t s = start + i * 64, w = s / 64, sh = s % 64;
+    uint64_t f = w < words ? free_bits[w] >> sh : ~(uint64_t)0;
+    if (sh) f |= (w + 1 < words ? free_bits[w + 1] : ~(uint64_t)0) << (64 - sh);
+    uint64_t u = ~f;
+    uint32_t left = n - i * 64;
+    if (left < 64) u &= ((uint64_t)1 << left) - 1;
+    out[i] = u;
+    set += (unsigned)__builtin_popcountll(u);
+  }
+  return set;
+}
+
+typedef struct match_space_s {
+  uint64_t* unions;  /* wc words per group */
+  uint8_t* members;
+  uint32_t* open;    /* groups that can still take a page */
+  uint32_t* order;
+} match_space_t;
+
+/* Randomized first fit (Mesh's matcher, per page index): each page in random order
+ * joins the first of up to MESH_PROBES open groups it does not overlap, else opens a
+ * group. Adds the pages freed and the views needed to *saved and *views. */
+static void match(const uint64_t* masks, uint32_t m, unsigned wc, unsigned cap, match_space_t* sp,
+                  uint64_t* rng, uint64_t* saved, uint64_t* views) {
+  for (uint32_t i = 0; i < m; i++) sp->order[i] = i;
+  for (uint32_t i = m; i > 1; i--) {
+    uint32_t j = (uint32_t)(rng_next(rng) % i), t = sp->order[i - 1];
+    sp->order[i - 1] = sp->order[j];
+    sp->order[j] = t;
+  }
+  uint32_t groups = 0, nopen = 0;
+  for (uint32_t i = 0; i < m; i++) {
+    const uint64_t* pm = masks + (size_t)sp->order[i] * wc;
+    bool placed = false;
+    uint32_t tries = nopen < MESH_PROBES ? nopen : MESH_PROBES;
+    for (uint32_t t = 0; t < tries && !placed; t++) {
+      uint32_t oi = nopen <= MESH_PROBES ? t : (uint32_t)(rng_next(rng) % nopen);
+      uint32_t g = sp->open[oi];
+      uint64_t* u = sp->unions + (size_t)g * wc;
+      bool disjoint = true;
+      for (unsigned w = 0; w < wc && disjoint; w++) disjoint = (u[w] & pm[w]) == 0;
+      if (!disjoint) continue;
+      for (unsigned w = 0; w < wc; w++) u[w] |= pm[w];
+      if (++sp->members[g] == cap) sp->open[oi] = sp->open[--nopen];
+      placed = true;
+    }
+    if (placed) continue;
+    memcpy(sp->unions + (size_t)groups * wc, pm, wc * sizeof(uint64_t));
+    sp->members[groups] = 1;
+    sp->open[nopen++] = groups++;
+  }
+  for (uint32_t g = 0; g < groups; g++)
+    if (sp->members[g] >= 2) {
+      *saved += sp->members[g] - 1u;
+      *views += sp->members[g];
+    }
+}
+
+/* Copies the bitmaps of cls's ordinary partial slabs into the scratch (after `reserve`
+ * bytes of it). Returns the number copied, or UINT32_MAX if the scratch is too small. */
+static uint32_t copy_bitmaps(unsigned cls, scratch_t* s, size_t reserve_per_slab, uint64_t* slabs) {
+  keel_central_t* cl = &_keel_central[cls];
+  unsigned words = (_keel_classes[cls].count + 63) / 64;
+  for (;;) {
+    keel_lock(&cl->lock);
+    uint32_t n = 0;
+    for (keel_slab_t* sl = cl->partial; sl != NULL; sl = sl->next) n++;
+    size_t need = (size_t)n * (words * sizeof(uint64_t) + reserve_per_slab);
+    if (need <= s->bytes) {
+      uint64_t* dst = (uint64_t*)s->base;
+      for (keel_slab_t* sl = cl->partial; sl != NULL; sl = sl->next, dst += words)
+        memcpy(dst, sl->free_bits, words * sizeof(uint64_t));
+      *slabs = cl->slabs;
+      keel_unlock(&cl->lock);
+      return n;
+    }
+    keel_unlock(&cl->lock);
+    if (!scratch_reserve(s, need + need / 4)) return UINT32_MAX;
+  }
+}
+
+static void estimate_class(unsigned cls, scratch_t* s, uint64_t* rng, keel_mesh_estimate_t* e) {
+  const keel_class_t* k = &_keel_classes[cls];
+  size_t page = _keel_page_size, slab_bytes = (size_t)k->units << KEEL_UNIT_SHIFT;
+  unsigned words = (k->count + 63) / 64;
+  unsigned wc_max = (unsigned)((page / k->size + 2 + 63) / 64);
+  /* Per partial slab, besides its bitmap: one mask and one group union (wc_max words
+   * each), a member count, an open-list slot and an order slot. */
+  size_t per_slab = 2 * wc_max * sizeof(uint64_t) + 1 + 2 * sizeof(uint32_t);
+  uint64_t slabs = 0;
+  uint32_t n = copy_bitmaps(cls, s, per_slab + 8, &slabs);
+  memset(e, 0, sizeof *e);
+  e->block_size = k->size;
+  size_t pages_per_slab = slab_bytes / page;
+  e->pages = slabs * pages_per_slab;
+  if (n == UINT32_MAX) return; /* no scratch memory: report the size only */
+  const uint64_t* bitmaps = (const uint64_t*)s->base;
+  uint64_t* masks = (uint64_t*)s->base + (size_t)n * words;
+  match_space_t sp;
+  sp.unions = masks + (size_t)n * wc_max;
+  sp.open = (uint32_t*)(sp.unions + (size_t)n * wc_max);
+  sp.order = sp.open + n;
+  sp.members = (uint8_t*)(sp.order + n);
+  for (size_t j = 0; j < pages_per_slab; j++) {
+    uint32_t first = (uint32_t)(j * page / k->size);
+    if (first >= k->count) { /* the slab's tail past its last block: never used */
+      e->free_pages += slabs;
+      continue;
+    }
+    uint32_t last = (uint32_t)(((j + 1) * page - 1) / k->size);
+    if (last >= k->count) last = k->count - 1;
+    uint32_t nb = last - first + 1, m = 0;
+    unsigned wc = (nb + 63) / 64;
+    for (uint32_t i = 0; i < n; i++) {
+      uint64_t* out = masks + (size_t)m * wc;
+      unsigned used = used_mask(bitmaps + (size_t)i * words, words, first, nb, out, wc);
+      if (used == 0) e->free_pages++;
+      else if (used * 100 <= nb * MESH_FULL_PERCENT) m++;
+    }
+    e->candidates += m;
+    match(masks, m, wc, 2, &sp, rng, &e->pair_saved, &e->pair_views);
+    match(masks, m, wc, 8, &sp, rng, &e->group_saved, &e->group_views);
+  }
+}
+
+KEEL_API size_t keel_mesh_estimate(keel_mesh_estimate_t* out, size_t max) {
+  keel_ensure_init();
+  if (_keel_page_size > MESH_MAX_PAGE || out == NULL) return 0;
+  scratch_t s = {NULL, 0};
+  if (!scratch_reserve(&s, _keel_page_size)) return 0;
+  uint64_t rng = 0x9E3779B97F4A7C15ull;
+  size_t n = 0;
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES && n < max; cls++) {
+    if (_keel_classes[cls].size > MESH_MAX_BLOCK) break;
+    estimate_class(cls, &s, &rng, &out[n]);
+    if (out[n].pages) n++;
+  }
+  _keel_prim_unmap(s.base, s.bytes);
+  return n;
+}
