@@ -13,7 +13,7 @@ typedef struct huge_entry_s {
 } huge_entry_t;
 
 #define CACHE_SLOTS 8
-#define CACHE_MAX_BYTES ((size_t)64 << 20) /* committed memory the cache may hold */
+#define CACHE_MAX_BYTES ((size_t)128 << 20) /* committed memory the cache may hold */
 typedef struct cached_map_s {
   void* addr;
   size_t size;
@@ -119,10 +119,62 @@ static bool cache_keep(void* addr, size_t size) {
   return true;
 }
 
+/* Fills the fresh, untouched range [at, at + n) with cached pages, in address order,
+ * by moving them (page tables move, nothing is copied): the block then reuses pages
+ * that are already faulted in, whatever the sizes of the cached mappings. A cached
+ * mapping that fits the rest is preferred (its tail stays cached); else the largest
+ * goes. One the OS refuses to move (it spans mappings that an older kernel cannot move
+ * together) is unmapped instead. Returns how many bytes from `at` now hold old data.
+ * Lock held. */
+static size_t cache_fill(char* at, size_t n) {
+  /* Without moves of several mappings (kernels before 6.17), an assembled block could
+   * never grow by mremap again and realloc would copy it: keep blocks whole there. */
+  if (!_keel_prim_move_spans_mappings()) return 0;
+  size_t filled = 0;
+  while (filled < n && cache_count > 0) {
+    size_t want = n - filled, pick = 0;
+    for (size_t i = 1; i < cache_count; i++) {
+      bool fits = cache[i].size >= want, pick_fits = cache[pick].size >= want;
+      if (fits ? !pick_fits || cache[i].size < cache[pick].size : !pick_fits && cache[i].size > cache[pick].size)
+        pick = i;
+    }
+    cached_map_t m = cache[pick];
+    cache[pick] = cache[--cache_count];
+    cached_bytes -= m.size;
+    size_t move = m.size < want ? m.size : want;
+    if (!_keel_prim_move(m.addr, move, at + filled)) {
+      _keel_prim_unmap(m.addr, m.size);
+      __atomic_fetch_add(&huge_purged, m.size, __ATOMIC_RELAXED);
+      break; /* the rest of the range stays fresh */
+    }
+    if (m.size > move && !cache_keep((char*)m.addr + move, m.size - move)) {
+      _keel_prim_unmap((char*)m.addr + move, m.size - move);
+      __atomic_fetch_add(&huge_purged, m.size - move, __ATOMIC_RELAXED);
+    }
+    filled += move;
+  }
+  return filled;
+}
+
+/* Grows the mapping [p, p + old) to `size` bytes, moving it if need be; the new part is
+ * fresh. A block assembled by cache_fill spans several kernel mappings, which mremap
+ * cannot resize: then its pages are moved into a fresh mapping of the new size (Linux
+ * 6.17+ moves several mappings at once; older kernels refuse, and the caller copies).
+ * Returns the new address, or NULL with the old mapping untouched. */
+static void* grow_mapping(void* p, size_t old, size_t size) {
+  void* q = _keel_prim_remap(p, old, size, true);
+  if (q != NULL) return q;
+  q = _keel_prim_map(size, 0, NULL);
+  if (q == NULL) return NULL;
+  if (_keel_prim_move(p, old, q)) return q;
+  _keel_prim_unmap(q, size);
+  return NULL;
+}
+
 /* Takes the cached mapping closest in size to `size` and fits it: a larger one has its
- * tail cached again or unmapped, a smaller one is grown with mremap (the new part
- * arrives as fresh zero pages). Sets *dirty_bytes to how much of the result may hold
- * old data. Lock held. */
+ * tail cached again or unmapped, a smaller one is grown with mremap and the new part
+ * filled from the rest of the cache (cache_fill). Sets *dirty_bytes to how much of the
+ * result may hold old data. Lock held. */
 static void* cache_take(size_t size, size_t* dirty_bytes) {
   size_t best = CACHE_SLOTS, best_gap = SIZE_MAX;
   for (size_t i = 0; i < cache_count; i++) {
@@ -133,7 +185,7 @@ static void* cache_take(size_t size, size_t* dirty_bytes) {
   cached_map_t m = cache[best];
   void* p = m.addr;
   if (m.size < size) {
-    p = _keel_prim_remap(m.addr, m.size, size, true);
+    p = grow_mapping(m.addr, m.size, size);
     if (p == NULL) return NULL; /* leave it cached; the caller maps afresh */
     if (!holds_huge_page((uintptr_t)m.addr, m.size)) thp_advise(p, size);
   }
@@ -141,7 +193,7 @@ static void* cache_take(size_t size, size_t* dirty_bytes) {
   cached_bytes -= m.size;
   if (m.size > size && !cache_keep((char*)m.addr + size, m.size - size))
     _keel_prim_unmap((char*)m.addr + size, m.size - size);
-  *dirty_bytes = m.size < size ? m.size : size;
+  *dirty_bytes = m.size < size ? m.size + cache_fill((char*)p + m.size, size - m.size) : size;
   return p;
 }
 
@@ -280,12 +332,15 @@ void* _keel_huge_realloc(void* p, size_t size) {
     keel_unlock(&huge_lock);
     return p;
   }
-  void* q = _keel_prim_remap(p, old, bytes, true);
+  void* q = bytes > old ? grow_mapping(p, old, bytes) : _keel_prim_remap(p, old, bytes, true);
   if (q == NULL) {
     keel_unlock(&huge_lock);
-    return NULL;
+    return NULL; /* the caller allocates, copies and frees */
   }
-  if (bytes > old && !holds_huge_page((uintptr_t)p, old)) thp_advise(q, bytes);
+  if (bytes > old) {
+    if (!holds_huge_page((uintptr_t)p, old)) thp_advise(q, bytes);
+    cache_fill((char*)q + old, bytes - old); /* realloc leaves the new part undefined */
+  }
   table_remove(table_find((uintptr_t)p));
   _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_NONE);
   if (!table_insert((uintptr_t)q, bytes) || !_keel_pagemap_set((uintptr_t)q, 1, KEEL_KIND_HUGE))

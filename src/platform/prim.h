@@ -37,6 +37,16 @@ bool _keel_prim_purge(void* addr, size_t size);
  * (the old mapping is then untouched). */
 void* _keel_prim_remap(void* addr, size_t old_size, size_t new_size, bool may_move);
 
+/* Moves the pages of [from, from + size) to [to, to + size), replacing whatever was
+ * mapped there; the pages keep their contents and nothing is copied (the page tables
+ * move). False if the OS refused (for instance: the source spans several mappings on a
+ * kernel that cannot move those together); nothing has changed then. */
+bool _keel_prim_move(void* from, size_t size, void* to);
+
+/* True if _keel_prim_move can move a range made of several mappings (Linux 6.17+);
+ * probed once with a few system calls on tiny mappings, then remembered. */
+bool _keel_prim_move_spans_mappings(void);
+
 /* Makes a page-aligned range of a mapping inaccessible (`accessible` false: any access
  * faults) or readable and writable again. Returns false if the OS refused (for instance
  * when the process has too many mappings to split one more). */

@@ -95,6 +95,49 @@ void* _keel_prim_remap(void* addr, size_t old_size, size_t new_size, bool may_mo
   return p == MAP_FAILED ? NULL : p;
 }
 
+bool _keel_prim_move(void* from, size_t size, void* to) {
+  int saved = errno;
+  void* p = mremap(from, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, to);
+  errno = saved;
+  return p == to;
+}
+
+/* Builds a two-page range out of two mappings that cannot merge (each has had a page
+ * written, so each has its own reverse-map root) and tries to move it. */
+static bool probe_move_spans(void) {
+  size_t pg = _keel_prim_page_size();
+  int prot = PROT_READ | PROT_WRITE, flags = MAP_PRIVATE | MAP_ANONYMOUS;
+  char* a = mmap(NULL, 2 * pg, prot, flags, -1, 0);
+  char* b = mmap(NULL, pg, prot, flags, -1, 0);
+  char* c = mmap(NULL, 2 * pg, prot, flags, -1, 0);
+  bool ok = false;
+  if (a != MAP_FAILED && b != MAP_FAILED && c != MAP_FAILED) {
+    a[0] = 1;
+    b[0] = 2;
+    if (_keel_prim_move(b, pg, a + pg)) {
+      b = MAP_FAILED; /* moved away */
+      ok = _keel_prim_move(a, 2 * pg, c) && c[0] == 1 && c[pg] == 2;
+      if (ok) a = MAP_FAILED;
+    }
+  }
+  if (a != MAP_FAILED) munmap(a, 2 * pg);
+  if (b != MAP_FAILED) munmap(b, pg);
+  if (c != MAP_FAILED) munmap(c, 2 * pg);
+  return ok;
+}
+
+bool _keel_prim_move_spans_mappings(void) {
+  static int known; /* 0: not probed, 1: yes, 2: no; a race only probes twice */
+  int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
+  if (k == 0) {
+    int saved = errno;
+    k = probe_move_spans() ? 1 : 2;
+    errno = saved;
+    __atomic_store_n(&known, k, __ATOMIC_RELAXED);
+  }
+  return k == 1;
+}
+
 bool _keel_prim_protect(void* addr, size_t size, bool accessible) {
   int saved = errno;
   bool ok = mprotect(addr, size, accessible ? PROT_READ | PROT_WRITE : PROT_NONE) == 0;

@@ -409,6 +409,43 @@ static void test_realloc(void) {
   }
 }
 
+/* Big blocks built from several freed ones: freed mappings of mixed sizes are reused
+ * for the next big request whatever their sizes (Keel moves their pages into one
+ * block), so calloc must still see zeros everywhere and realloc must keep every byte,
+ * through growth (which may then move several mappings) and shrinking. */
+static void test_big_reuse(void) {
+  TEST_SECTION("big blocks reusing freed ones of other sizes: calloc zeroes, realloc keeps");
+  const size_t MiB = (size_t)1 << 20;
+  uint64_t rng = 12345;
+  for (int round = 0; round < 12; round++) {
+    void* dirty[5];
+    for (int i = 0; i < 5; i++) { /* 2-9 MiB each, not page multiples */
+      size_t n = 2 * MiB + (size_t)(mix64(rng + (uint64_t)i) % (7 * MiB)) + 123;
+      dirty[i] = malloc(opaque_size(n));
+      if (dirty[i]) memset(dirty[i], 0xAA, n);
+    }
+    rng = mix64(rng);
+    for (int i = 0; i < 5; i++) free(dirty[i]);
+    size_t n = 10 * MiB + (size_t)(rng % (20 * MiB)) + 77;
+    char* z = (char*)calloc(1, opaque_size(n));
+    if (!check_block("calloc", z, n, 16)) continue;
+    size_t nz = first_nonzero(z, n);
+    CHECK_MSG(nz == SIZE_MAX, "round %d: calloc(%zu) after freeing dirty blocks: byte %zu is 0x%02x",
+              round, n, nz, nz == SIZE_MAX ? 0 : (unsigned char)z[nz]);
+    uint64_t seed = rng;
+    pattern_fill(z, n, seed);
+    size_t cur = n;
+    size_t steps[] = {cur + 9 * MiB + 4321, cur / 3 + 5, cur * 2 + 17, 3 * MiB + 1};
+    for (size_t s = 0; s < sizeof steps / sizeof *steps; s++) {
+      void* more = malloc(opaque_size(4 * MiB)); /* freed next: something to reuse */
+      if (more) memset(more, 0x55, 4 * MiB);
+      free(more);
+      realloc_step(&z, &cur, &seed, steps[s], "big reuse");
+    }
+    free(z);
+  }
+}
+
 static void test_reallocarray(void) {
   TEST_SECTION("reallocarray");
   char* p = (char*)reallocarray(opaque_ptr(NULL), opaque_size(10), opaque_size(10));
@@ -892,6 +929,7 @@ int main(void) {
   test_malloc_impossible();
   test_calloc();
   test_realloc();
+  test_big_reuse();
   test_reallocarray();
   test_posix_memalign();
   test_memalign();
