@@ -146,4 +146,46 @@ void* _keel_prim_publish_create(const char* name, size_t size);
 /* Removes the file (the mapping stays valid until unmapped). */
 void _keel_prim_publish_remove(const char* name);
 
+/* -- shared pages and write barriers (meshing: docs/meshing.md, sections 6 and 9) ----- */
+/* A memory file that pages of several addresses can map. None of these allocate; all
+ * fail cleanly (false or -1) and keep errno. */
+/* Creates an anonymous memory file (close-on-exec) of `size` bytes, sparse; returns a
+ * descriptor or -1. Reads past what was written return zeros. */
+int _keel_prim_file_create(uint64_t size);
+/* Writes len bytes at offset off (all of them, or false). */
+bool _keel_prim_file_write(int fd, uint64_t off, const void* buf, size_t len);
+/* Frees the file's memory in [off, off + len) (reads then return zeros). */
+bool _keel_prim_file_release(int fd, uint64_t off, uint64_t len);
+/* Bytes of memory the file holds now. */
+uint64_t _keel_prim_file_resident(int fd);
+/* Replaces [addr, addr + len) with a private, writable view of the file at off: reads
+ * see the file page (shared with every other view of it) until this address range
+ * writes, which gives it its own copy (copy-on-write, also across fork). Atomic: a
+ * concurrent reader sees the old page or the view, never a hole. */
+bool _keel_prim_map_view(void* addr, size_t len, int fd, uint64_t off);
+/* Replaces [addr, addr + len) with fresh anonymous memory that reads as zeros. */
+bool _keel_prim_map_fresh(void* addr, size_t len);
+/* Per page of [addr, addr + pages * page size): KEEL_VIEW_ABSENT (never touched, or
+ * swapped), KEEL_VIEW_SHARED (maps the file's page), KEEL_VIEW_PRIVATE (a page of its
+ * own: anonymous memory, or a view that was written). Returns false if the OS cannot
+ * tell. */
+enum { KEEL_VIEW_ABSENT = 0, KEEL_VIEW_SHARED = 1, KEEL_VIEW_PRIVATE = 2 };
+bool _keel_prim_view_state(const void* addr, size_t pages, uint8_t* out);
+
+/* A write barrier: writes to an armed range wait in the kernel (no signal is involved)
+ * until the range is woken; reads go on. KEEL_BARRIER_KERNEL: writes the kernel makes
+ * for the process (read(2) into the range) wait too; KEEL_BARRIER_USER: those fail with
+ * EFAULT instead, so meshing must not rely on it by default; NONE: not available (no
+ * userfaultfd write protection, or not permitted). */
+enum { KEEL_BARRIER_NONE = 0, KEEL_BARRIER_USER = 1, KEEL_BARRIER_KERNEL = 2 };
+/* Opens a barrier (close-on-exec); returns a descriptor and sets *mode, or -1 and NONE. */
+int _keel_prim_barrier_open(int* mode);
+/* Arms [addr, addr + len) (anonymous memory, or a view on Linux 5.19+). */
+bool _keel_prim_barrier_arm(int barrier, void* addr, size_t len);
+/* Wakes the writers waiting on [addr, addr + len): after the range was replaced (their
+ * write then goes to the new page), or after _keel_prim_barrier_disarm. */
+bool _keel_prim_barrier_wake(int barrier, void* addr, size_t len);
+/* Unprotects and unregisters a range that is still armed (an operation given up). */
+bool _keel_prim_barrier_disarm(int barrier, void* addr, size_t len);
+
 #endif /* KEEL_PRIM_H */

@@ -4,7 +4,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/falloc.h>
 #include <linux/futex.h>
+#include <linux/userfaultfd.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -12,8 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/auxv.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -574,3 +578,175 @@ int _keel_prim_thread_count(void) {
 }
 
 _Noreturn void _keel_prim_exit(int status) { exit(status); }
+
+/* ---- shared pages and write barriers (meshing) -------------------------------------- */
+
+int _keel_prim_file_create(uint64_t size) {
+  int saved = errno;
+  int fd = (int)syscall(SYS_memfd_create, "keel-mesh", MFD_CLOEXEC);
+  if (fd >= 0 && ftruncate(fd, (off_t)size) != 0) {
+    close(fd);
+    fd = -1;
+  }
+  errno = saved;
+  return fd;
+}
+
+bool _keel_prim_file_write(int fd, uint64_t off, const void* buf, size_t len) {
+  int saved = errno;
+  const char* p = (const char*)buf;
+  while (len > 0) {
+    ssize_t n = pwrite(fd, p, len, (off_t)off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    p += n;
+    off += (uint64_t)n;
+    len -= (size_t)n;
+  }
+  errno = saved;
+  return len == 0;
+}
+
+bool _keel_prim_file_release(int fd, uint64_t off, uint64_t len) {
+  int saved = errno;
+  bool ok = fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) == 0;
+  errno = saved;
+  return ok;
+}
+
+uint64_t _keel_prim_file_resident(int fd) {
+  int saved = errno;
+  struct stat st;
+  uint64_t bytes = fstat(fd, &st) == 0 ? (uint64_t)st.st_blocks * 512 : 0;
+  errno = saved;
+  return bytes;
+}
+
+bool _keel_prim_map_view(void* addr, size_t len, int fd, uint64_t off) {
+  int saved = errno;
+  void* p = mmap(addr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd, (off_t)off);
+  errno = saved;
+  return p == addr;
+}
+
+bool _keel_prim_map_fresh(void* addr, size_t len) {
+  int saved = errno;
+  void* p = mmap(addr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+  errno = saved;
+  return p == addr;
+}
+
+/* /proc/self/pagemap: one 64-bit entry per page; bit 63 present, bit 61 "file page or
+ * shared anonymous" (a view still mapping its file page). */
+bool _keel_prim_view_state(const void* addr, size_t pages, uint8_t* out) {
+  int saved = errno;
+  int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  bool ok = fd >= 0;
+  size_t pg = _keel_prim_page_size();
+  for (size_t i = 0; ok && i < pages; i += 64) {
+    uint64_t e[64];
+    size_t n = pages - i < 64 ? pages - i : 64;
+    off_t at = (off_t)(((uintptr_t)addr / pg + i) * sizeof(uint64_t));
+    ok = pread(fd, e, n * sizeof e[0], at) == (ssize_t)(n * sizeof e[0]);
+    for (size_t j = 0; ok && j < n; j++)
+      out[i + j] = !(e[j] >> 63 & 1) ? KEEL_VIEW_ABSENT : (e[j] >> 61 & 1) ? KEEL_VIEW_SHARED : KEEL_VIEW_PRIVATE;
+  }
+  if (fd >= 0) close(fd);
+  errno = saved;
+  return ok;
+}
+
+/* A userfaultfd that can write-protect. /dev/userfaultfd (Linux 6.1+) and the system
+ * call without flags give one whose protection also holds for the kernel's own writes
+ * into the range; only privileged processes (or vm.unprivileged_userfaultfd=1, or
+ * access to /dev/userfaultfd) get those. UFFD_USER_MODE_ONLY (5.11+) is open to all. */
+static int barrier_api(int fd) {
+  struct uffdio_api api = {.api = UFFD_API, .features = UFFD_FEATURE_PAGEFAULT_FLAG_WP};
+#ifdef UFFD_FEATURE_WP_HUGETLBFS_SHMEM
+  api.features |= UFFD_FEATURE_WP_HUGETLBFS_SHMEM; /* views can be armed too (5.19+) */
+  if (ioctl(fd, UFFDIO_API, &api) == 0) return fd;
+  /* A file descriptor takes UFFDIO_API once; a refused one needs a new descriptor. */
+  return -2;
+#else
+  return ioctl(fd, UFFDIO_API, &api) == 0 ? fd : -1;
+#endif
+}
+
+static int barrier_new(int flags, bool dev) {
+  int fd = -1;
+  if (dev) {
+#ifdef USERFAULTFD_IOC_NEW
+    int dfd = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
+    if (dfd >= 0) {
+      fd = ioctl(dfd, USERFAULTFD_IOC_NEW, flags);
+      close(dfd);
+    }
+#endif
+  } else {
+    fd = (int)syscall(SYS_userfaultfd, flags);
+  }
+  return fd;
+}
+
+static int barrier_try(int flags, bool dev) {
+  int fd = barrier_new(flags, dev);
+  if (fd < 0) return -1;
+  int r = barrier_api(fd);
+  if (r >= 0) return r;
+  close(fd);
+  if (r == -2) { /* retry without shared-memory protection */
+    fd = barrier_new(flags, dev);
+    if (fd < 0) return -1;
+    struct uffdio_api api = {.api = UFFD_API, .features = UFFD_FEATURE_PAGEFAULT_FLAG_WP};
+    if (ioctl(fd, UFFDIO_API, &api) == 0) return fd;
+    close(fd);
+  }
+  return -1;
+}
+
+int _keel_prim_barrier_open(int* mode) {
+  int saved = errno;
+  int flags = O_CLOEXEC | O_NONBLOCK;
+  *mode = KEEL_BARRIER_KERNEL;
+  int fd = barrier_try(flags, true);
+  if (fd < 0) fd = barrier_try(flags, false);
+#ifdef UFFD_USER_MODE_ONLY
+  if (fd < 0) {
+    *mode = KEEL_BARRIER_USER;
+    fd = barrier_try(flags | UFFD_USER_MODE_ONLY, false);
+  }
+#endif
+  if (fd < 0) *mode = KEEL_BARRIER_NONE;
+  errno = saved;
+  return fd;
+}
+
+bool _keel_prim_barrier_arm(int barrier, void* addr, size_t len) {
+  int saved = errno;
+  struct uffdio_register reg = {.range = {(uintptr_t)addr, len}, .mode = UFFDIO_REGISTER_MODE_WP};
+  bool ok = ioctl(barrier, UFFDIO_REGISTER, &reg) == 0;
+  if (ok) {
+    struct uffdio_writeprotect wp = {.range = {(uintptr_t)addr, len}, .mode = UFFDIO_WRITEPROTECT_MODE_WP};
+    ok = ioctl(barrier, UFFDIO_WRITEPROTECT, &wp) == 0;
+    if (!ok) ioctl(barrier, UFFDIO_UNREGISTER, &reg.range);
+  }
+  errno = saved;
+  return ok;
+}
+
+bool _keel_prim_barrier_wake(int barrier, void* addr, size_t len) {
+  int saved = errno;
+  struct uffdio_range r = {(uintptr_t)addr, len};
+  bool ok = ioctl(barrier, UFFDIO_WAKE, &r) == 0;
+  errno = saved;
+  return ok;
+}
+
+bool _keel_prim_barrier_disarm(int barrier, void* addr, size_t len) {
+  int saved = errno;
+  struct uffdio_writeprotect wp = {.range = {(uintptr_t)addr, len}, .mode = 0}; /* wakes too */
+  bool ok = ioctl(barrier, UFFDIO_WRITEPROTECT, &wp) == 0;
+  ok = ioctl(barrier, UFFDIO_UNREGISTER, &wp.range) == 0 && ok;
+  errno = saved;
+  return ok;
+}
