@@ -251,7 +251,11 @@ void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
   }
   if (t->bin[cls].avail == 0) {
     const keel_class_t* k = &_keel_classes[cls];
-    bin_grow(t, cls);
+    /* Overflowing frees grow a bin only through the slow start (up to a batch): past
+     * that, only allocation misses grow it. A thread that frees what others allocated
+     * (a consumer, a connection thread releasing shared objects) then holds a batch
+     * per class instead of the full bin limit, which it would never reuse. */
+    if (t->bin[cls].max < k->batch) bin_grow(t, cls);
     if (t->bin[cls].avail == 0) {
       /* Full: hand a batch back from the front of the bin (so it can park whole in
        * the transfer cache); walking n blocks, not the whole bin. */
