@@ -1011,29 +1011,29 @@ typedef struct out_s {
   char buf[4096];
 } out_t;
 
-static void out_flush(out_t* o) {
+static KEEL_COLD void out_flush(out_t* o) {
   if (o->len == 0) return;
   o->buf[o->len] = 0;
   if (o->cb) o->cb(o->opaque, o->buf);
   else _keel_prim_write(2, o->buf, o->len);
   o->len = 0;
 }
-static void out_s(out_t* o, const char* s) {
+static KEEL_COLD void out_s(out_t* o, const char* s) {
   while (*s) {
     if (o->len + 1 >= sizeof o->buf) out_flush(o);
     o->buf[o->len++] = *s++;
   }
 }
-static void fmt_u(char* tmp, uint64_t v) { /* tmp: 24 bytes */
+static KEEL_COLD void fmt_u(char* tmp, uint64_t v) { /* tmp: 24 bytes */
   keel_buf_t b = {tmp, 0, 24};
   _keel_buf_u64(&b, v);
 }
-static void out_u(out_t* o, uint64_t v) {
+static KEEL_COLD void out_u(out_t* o, uint64_t v) {
   char tmp[24];
   fmt_u(tmp, v);
   out_s(o, tmp);
 }
-static void out_i(out_t* o, int64_t v) {
+static KEEL_COLD void out_i(out_t* o, int64_t v) {
   if (v < 0) {
     out_s(o, "-");
     out_u(o, (uint64_t)0 - (uint64_t)v);
@@ -1041,17 +1041,17 @@ static void out_i(out_t* o, int64_t v) {
     out_u(o, (uint64_t)v);
   }
 }
-static void out_rpad(out_t* o, const char* s, size_t width) { /* right-aligned */
+static KEEL_COLD void out_rpad(out_t* o, const char* s, size_t width) { /* right-aligned */
   for (size_t n = strlen(s); n < width; n++) out_s(o, " ");
   out_s(o, s);
 }
-static void out_ru(out_t* o, uint64_t v, size_t width) {
+static KEEL_COLD void out_ru(out_t* o, uint64_t v, size_t width) {
   char tmp[24];
   fmt_u(tmp, v);
   out_rpad(o, tmp, width);
 }
 /* num/den with three decimals ("0.390"), right-aligned. */
-static void out_ratio(out_t* o, uint64_t num, uint64_t den, size_t width) {
+static KEEL_COLD void out_ratio(out_t* o, uint64_t num, uint64_t den, size_t width) {
   uint64_t milli = den ? (num * 1000 + den / 2) / den : 0;
   char tmp[32], frac[4] = {(char)('0' + milli / 100 % 10), (char)('0' + milli / 10 % 10),
                            (char)('0' + milli % 10), 0};
@@ -1061,7 +1061,7 @@ static void out_ratio(out_t* o, uint64_t num, uint64_t den, size_t width) {
   out_rpad(o, tmp, width);
 }
 
-static void out_value(out_t* o, int type, const val_t* v) {
+static KEEL_COLD void out_value(out_t* o, int type, const val_t* v) {
   switch (type) {
     case V_BOOL: out_s(o, v->n ? "true" : "false"); break;
     case V_SSIZE:
@@ -1076,7 +1076,7 @@ static void out_value(out_t* o, int type, const val_t* v) {
 }
 
 /* JSON: each object tracks whether a member was written, for the commas. */
-static void j_key(out_t* o, bool* first, int indent, const char* key) {
+static KEEL_COLD void j_key(out_t* o, bool* first, int indent, const char* key) {
   out_s(o, *first ? "\n" : ",\n");
   *first = false;
   for (int i = 0; i < indent; i++) out_s(o, "\t");
@@ -1084,11 +1084,11 @@ static void j_key(out_t* o, bool* first, int indent, const char* key) {
   out_s(o, key);
   out_s(o, "\": ");
 }
-static void j_u(out_t* o, bool* first, int indent, const char* key, uint64_t v) {
+static KEEL_COLD void j_u(out_t* o, bool* first, int indent, const char* key, uint64_t v) {
   j_key(o, first, indent, key);
   out_u(o, v);
 }
-static void j_close(out_t* o, int indent, char c) {
+static KEEL_COLD void j_close(out_t* o, int indent, char c) {
   out_s(o, "\n");
   for (int i = 0; i < indent; i++) out_s(o, "\t");
   char s[2] = {c, 0};
@@ -1096,7 +1096,7 @@ static void j_close(out_t* o, int indent, char c) {
 }
 
 /* Every value leaf under `dir`, "  prefix.name: value" or as JSON members. */
-static void print_dir(out_t* o, const ctl_node_t* dir, const char* prefix, bool json, int indent) {
+static KEEL_COLD void print_dir(out_t* o, const ctl_node_t* dir, const char* prefix, bool json, int indent) {
   size_t mib[1] = {0};
   bool first = true;
   for (unsigned k = 0; k < dir->nkids; k++) {
@@ -1117,13 +1117,13 @@ static void print_dir(out_t* o, const ctl_node_t* dir, const char* prefix, bool 
   }
 }
 
-static const ctl_node_t* root_child(const char* name) {
+static KEEL_COLD const ctl_node_t* root_child(const char* name) {
   for (unsigned k = 0; k < ctl_root.nkids; k++)
     if (strcmp(root_kids[k].name, name) == 0) return &root_kids[k];
   return NULL;
 }
 
-static void print_text(out_t* o, const je_snap_t* x, bool general, bool arena, bool bins,
+static KEEL_COLD void print_text(out_t* o, const je_snap_t* x, bool general, bool arena, bool bins,
                        bool large) {
   out_s(o, "___ Begin jemalloc statistics ___\n");
   if (general) {
@@ -1233,7 +1233,7 @@ static void print_text(out_t* o, const je_snap_t* x, bool general, bool arena, b
   out_s(o, "--- End jemalloc statistics ---\n");
 }
 
-static void print_json(out_t* o, const je_snap_t* x, bool general, bool arena, bool bins) {
+static KEEL_COLD void print_json(out_t* o, const je_snap_t* x, bool general, bool arena, bool bins) {
   bool f0 = true, f1 = true;
   out_s(o, "{");
   j_key(o, &f0, 1, "jemalloc");
@@ -1369,7 +1369,7 @@ static void print_json(out_t* o, const je_snap_t* x, bool general, bool arena, b
 
 /* opts as jemalloc's: J JSON, g no general information, m/a no arena statistics (Keel has
  * one arena, printed as arenas[0]), b no bins, l no large sizes; the rest is ignored. */
-API void malloc_stats_print(void (*write_cb)(void*, const char*), void* cbopaque,
+API KEEL_COLD void malloc_stats_print(void (*write_cb)(void*, const char*), void* cbopaque,
                             const char* opts) {
   bool json = false, general = true, arena = true, bins = true, large = true;
   for (const char* c = opts; c && *c; c++) {
