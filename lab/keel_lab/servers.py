@@ -153,6 +153,30 @@ def tree_kib(pid: int, field: str = "VmRSS") -> Optional[int]:
     return own + sum(proc_status_kib(c, field) or 0 for c in children(pid))
 
 
+def cpu_seconds(pid: int, tree: bool = False) -> Optional[float]:
+    """User + system CPU seconds of a process (all its threads); with tree, plus its
+    live descendants and the children it has reaped (so a PostgreSQL backend that exits
+    between two readings still counts once). None if the process is gone."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def times(p: int) -> Optional[tuple[int, int]]:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                f_ = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        # after the command: state is field 3, utime 14, stime 15, cutime 16, cstime 17
+        return int(f_[11]) + int(f_[12]), int(f_[13]) + int(f_[14])
+
+    own = times(pid)
+    if own is None:
+        return None
+    total = own[0] + (own[1] if tree else 0)
+    if tree:
+        total += sum((times(c) or (0, 0))[0] for c in children(pid))
+    return total / tick
+
+
 def smaps_rollup_kib(pid: int, field: str = "AnonHugePages") -> Optional[int]:
     return proc_kib(f"/proc/{pid}/smaps_rollup", field, absent=0)
 

@@ -3,12 +3,23 @@ connection, so many threads means many per-thread allocator caches), then oltp_i
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 # servers is imported as a module, names looked up at run time: keel_lab.servers
 # imports keel_lab.suites (for SuiteError), which imports this module.
 from .. import servers as sv
 from .base import Suite, SuiteContext, SuiteError
 from .redis import geomean, opt_float, opt_list, opt_env, size_mode
+
+
+def cpu_us_per_txn(before: Optional[float], after: Optional[float], tps: Optional[float],
+                   secs: float) -> Optional[float]:
+    """Server CPU microseconds per transaction over one point. On a small shared machine
+    this varies far less between runs than TPS (which also moves with how the client and
+    the server happen to be scheduled), so it is the figure to compare allocators by."""
+    if before is None or after is None or not tps:
+        return None
+    return round((after - before) / (tps * secs) * 1e6, 1)
 
 
 def parse_sysbench(text: str) -> dict:
@@ -89,12 +100,15 @@ class MariaDB(Suite):
             with sv.RssSampler(srv.pid, interval=0.25) as whole:
                 for i, threads in enumerate(sweep):
                     ctx.progress(f"oltp_read_only, {threads} threads, {secs}s", 0.1 + 0.9 * i / total)
+                    cpu0 = sv.cpu_seconds(srv.pid)
                     with sv.RssSampler(srv.pid, interval=0.2) as samp:
                         res = self._run(srv, [sb[0], "oltp_read_only", *sb[1:]], threads, secs,
                                         f"sysbench oltp_read_only --threads={threads}")
+                    cpu = cpu_us_per_txn(cpu0, sv.cpu_seconds(srv.pid), res.get("tps"), secs)
                     point = {"x": threads, "throughput": res.get("tps"), "p95_ms": res.get("p95_ms"),
                              "mean_ms": res.get("mean_ms"), "rss_kib": srv.rss_kib(),
-                             "rss_peak_kib": samp.peak}
+                             "rss_peak_kib": samp.peak, "cpu_us_per_txn": cpu}
+                    m[f"cpu_us_per_txn_ro_t{threads}"] = cpu
                     result["points"].append(point)
                     m[f"ro_tps_t{threads}"] = res.get("tps")
                     m[f"ro_p95_ms_t{threads}"] = res.get("p95_ms")

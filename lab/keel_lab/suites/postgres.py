@@ -9,6 +9,7 @@ import re
 # imports keel_lab.suites (for SuiteError), which imports this module.
 from .. import servers as sv
 from .base import Suite, SuiteContext, SuiteError
+from .mariadb import cpu_us_per_txn
 from .redis import geomean, opt_float, opt_list, opt_env, size_mode
 
 
@@ -85,6 +86,7 @@ class Postgres(Suite):
                         step += 1
                         # RssAnon summed too: VmRSS counts shared_buffers pages once per
                         # backend that touched them.
+                        cpu0 = sv.cpu_seconds(srv.pid, tree=True)
                         with sv.RssSampler(srv.pid, interval=0.2, tree=True) as samp, \
                                 sv.RssSampler(fn=lambda: sv.tree_kib(srv.pid, "RssAnon"), interval=0.2) as anon:
                             out = sv.run_client([*pgb, *flags, "-c", str(clients), "-j",
@@ -98,7 +100,10 @@ class Postgres(Suite):
                         if res.get("failed"):
                             raise SuiteError(f"pgbench {wl} -c {clients}: {res['failed']} failed "
                                              f"transactions")
+                        cpu = cpu_us_per_txn(cpu0, sv.cpu_seconds(srv.pid, tree=True), res["tps"], secs)
                         pre = "" if wl == "select" else "tpcb_"
+                        point[f"{pre}cpu_us_per_txn"] = cpu
+                        m[f"cpu_us_per_txn_{wl}_c{clients}"] = cpu
                         point[f"{pre}throughput"] = res["tps"]
                         point[f"{pre}mean_ms"] = res.get("mean_ms")
                         point[f"{pre}rss_kib"] = samp.peak
