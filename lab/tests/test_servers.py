@@ -132,6 +132,12 @@ def test_redis_frag_tiny(alloc_name, tmp_path, bench_lock):
     assert any("RSS" in n for n in res["notes"])
     if alloc_name == "glibc":   # redis links jemalloc itself: glibc is forced by preloading libc
         assert any("libc.so.6" in n for n in res["notes"])
+    if alloc_name == "keel":    # the meshing estimate, read from the live server
+        for sz in ("3B", "1KiB"):
+            assert 0 < m[f"mesh_est_groups_rss_kib_{sz}"] <= m[f"mesh_est_pairs_rss_kib_{sz}"] \
+                <= m[f"rss_idle_kib_{sz}"]
+    else:
+        assert not any(k.startswith("mesh_est") for k in m)
     assert len(rec.pids) == 2   # a fresh server per value size
     assert_nothing_left(rec.pids)
 
@@ -272,9 +278,27 @@ def test_mariadb_smoke(tmp_path, bench_lock):
     assert time.monotonic() - t < 60
     (pt,) = res["points"]
     assert pt["x"] == 4 and pt["throughput"] > 0 and pt["p95_ms"] > 0 and pt["rss_kib"] > 10000
+    assert 0 < pt["cpu_us_per_txn"] < 1e6
     m = res["metrics"]
     assert m["insert_tps"] > 0 and m["rss_peak_kib"] >= pt["rss_kib"] and m["rss_final_kib"] > 0
     assert res["x_label"] == "threads"
+    assert_nothing_left(rec.pids)
+
+
+@pytest.mark.skipif(not (have("mariadbd") and have("sysbench") and have("mariadb-install-db")),
+                    reason="sudo apt-get install mariadb-server mariadb-client sysbench")
+def test_mariadb_pool_smoke(tmp_path, bench_lock):
+    from keel_lab.suites.mariadb import MariaDBPool
+    rec = Recorder()
+    alloc = find("keel", BUILD) if (BUILD / "libkeel.so").is_file() else allocator("glibc")
+    res = MariaDBPool().run(make_ctx(alloc, tmp_path, rec, idle_seconds=1.5))
+    m = res["metrics"]
+    assert m["tps_cycle1"] > 0 and m["rss_busy_kib_cycle1"] > 10000
+    assert m["rss_final_kib"] == m["rss_idle_kib_cycle1"] > 10000
+    assert m["rss_peak_kib"] >= m["rss_final_kib"] * 0.9
+    assert [p["phase"] for p in res["phases"]] == ["prepare", "busy 1", "idle 1"]
+    if alloc.name == "keel":
+        assert 0 < m["mesh_est_pairs_rss_kib_final"] <= m["rss_final_kib"]
     assert_nothing_left(rec.pids)
 
 
@@ -288,7 +312,8 @@ def test_postgres_smoke(tmp_path, bench_lock):
     assert time.monotonic() - t < 60
     (pt,) = res["points"]
     assert pt["x"] == 4
-    for k in ("throughput", "mean_ms", "rss_kib", "anon_kib", "tpcb_throughput", "tpcb_rss_kib"):
+    for k in ("throughput", "mean_ms", "rss_kib", "anon_kib", "tpcb_throughput", "tpcb_rss_kib",
+              "cpu_us_per_txn", "tpcb_cpu_us_per_txn"):
         assert pt[k] and pt[k] > 0, k
     m = res["metrics"]
     assert m["rss_peak_kib"] >= pt["rss_kib"] and m["rss_final_kib"] > 0

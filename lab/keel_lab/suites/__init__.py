@@ -19,7 +19,7 @@ MODULES = {
     "micro": ("micro",),
     "threads": ("threads",),
     "redis": ("redis",),
-    "mariadb": ("mariadb",),
+    "mariadb": ("mariadb", "mariadb-pool"),
     "postgres": ("postgres",),
     "sphinx": ("sphinx",),
 }

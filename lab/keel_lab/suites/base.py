@@ -33,6 +33,26 @@ class SuiteError(RuntimeError):
     """A failure with a message meant for the operator."""
 
 
+def mesh_estimate_metrics(pid: int, rss_kib: int, suffix: str) -> dict:
+    """Under Keel, what meshing (docs/meshing.md) could give back in a running server,
+    from its live slab bitmaps (keel stats --mesh): the RSS given less the pages pairs /
+    groups of up to 8 would free, and the page mappings each needs. Empty for other
+    allocators (they publish nothing) or a Keel without the estimate."""
+    from .. import live
+    if not live.shm_path(pid).exists():
+        return {}
+    try:
+        rows = live.mesh_estimate(pid)
+        page = live.read(pid).stats["os_page_size"]
+    except live.LiveError:
+        return {}
+    tot = live.mesh_totals(rows, page)
+    return {f"mesh_est_pairs_rss_kib_{suffix}": rss_kib - tot["pair_saved_bytes"] // 1024,
+            f"mesh_est_pairs_views_{suffix}": tot["pair_views"],
+            f"mesh_est_groups_rss_kib_{suffix}": rss_kib - tot["group_saved_bytes"] // 1024,
+            f"mesh_est_groups_views_{suffix}": tot["group_views"]}
+
+
 def _no_progress(message: str, fraction: Optional[float] = None) -> None:
     pass
 

@@ -8,7 +8,7 @@ from typing import Optional
 # servers is imported as a module, names looked up at run time: keel_lab.servers
 # imports keel_lab.suites (for SuiteError), which imports this module.
 from .. import servers as sv
-from .base import Suite, SuiteContext, SuiteError
+from .base import Suite, SuiteContext, SuiteError, mesh_estimate_metrics
 from .redis import geomean, opt_float, opt_list, opt_env, size_mode
 
 
@@ -152,3 +152,91 @@ class MariaDB(Suite):
         return res
 
 
+
+
+class MariaDBPool(Suite):
+    """Server memory after a connection pool goes away, the pattern behind "MariaDB's
+    RSS only grows": one mariadbd, one sysbench prepare, then `cycles` times a pool of
+    `threads` connections runs oltp_read_write (range sorts, DISTINCT, updates, deletes,
+    inserts: per-connection and per-query memory) for `seconds` and disconnects, and the
+    server idles for `idle_seconds`. RSS after prepare, peak during each cycle, and after
+    each idle; under Keel also what meshing could give back after the last idle
+    (keel stats --mesh; docs/meshing.md). Options (--set mariadb-pool.KEY=VALUE):
+    threads, seconds, idle_seconds, cycles, extra_env, tiny."""
+
+    name = "mariadb-pool"
+    description = ("MariaDB RSS after pools of connections ran read-write work and went away "
+                   "(idle RSS per cycle)")
+    needs_packages = ("mariadb-server", "mariadb-client", "sysbench")
+
+    SIZES = {
+        # tables, rows per table, pool threads, seconds of work, idle seconds, cycles, buffer pool
+        "full": (4, 100_000, 256, 30, 15.0, 2, "256M"),
+        "quick": (2, 10_000, 128, 8, 5.0, 2, "128M"),
+        "tiny": (1, 2_000, 8, 2, 1.0, 1, "64M"),
+    }
+
+    check = MariaDB.check
+
+    def run(self, ctx: SuiteContext) -> dict:
+        self.check(ctx)
+        tables, rows, threads, secs, idle, cycles, pool = self.SIZES[size_mode(ctx)]
+        threads = int(opt_float(ctx, "threads", threads))
+        secs = int(opt_float(ctx, "seconds", secs))
+        idle = opt_float(ctx, "idle_seconds", idle)
+        cycles = int(opt_float(ctx, "cycles", cycles))
+        result: dict = {"metrics": {}, "series": {}, "phases": [], "notes": []}
+        m = result["metrics"]
+        srv = sv.MariaDBServer(ctx.allocator, workdir=ctx.workdir, buffer_pool=pool,
+                               max_connections=threads + 44, extra_env=opt_env(ctx))
+        try:
+            ctx.progress("mariadb-install-db and start", 0.0)
+            srv.start()
+            result["notes"] += srv.notes
+            srv.sql("CREATE DATABASE sbtest; "
+                    "CREATE USER 'sbtest'@'127.0.0.1' IDENTIFIED BY 'sbtest'; "
+                    "GRANT ALL PRIVILEGES ON sbtest.* TO 'sbtest'@'127.0.0.1';")
+            sb = [sv.which("sysbench", "sysbench"), "--db-driver=mysql", "--mysql-host=127.0.0.1",
+                  f"--mysql-port={srv.port}", "--mysql-user=sbtest", "--mysql-password=sbtest",
+                  "--mysql-db=sbtest", f"--tables={tables}", f"--table-size={rows}"]
+            ctx.progress(f"sysbench prepare ({tables} x {rows} rows)", 0.05)
+            sv.run_client([sb[0], "oltp_read_write", *sb[1:], f"--threads={min(tables, 4)}", "prepare"],
+                          servers=[srv], timeout=1800, what="sysbench prepare")
+            m["rss_prepare_kib"] = srv.rss_kib()
+            result["phases"].append({"phase": "prepare", "rss_kib": m["rss_prepare_kib"]})
+            with sv.RssSampler(srv.pid, interval=0.25) as whole:
+                for c in range(1, cycles + 1):
+                    ctx.progress(f"cycle {c}: {threads} connections, oltp_read_write {secs}s",
+                                 0.1 + 0.9 * (c - 1) / cycles)
+                    with sv.RssSampler(srv.pid, interval=0.2) as busy:
+                        out = sv.run_client([sb[0], "oltp_read_write", *sb[1:], f"--threads={threads}",
+                                             f"--time={secs}", "--report-interval=0", "run"],
+                                            servers=[srv], timeout=secs + 300,
+                                            what=f"sysbench oltp_read_write --threads={threads}")
+                    res = parse_sysbench(out)
+                    if "tps" not in res:
+                        raise SuiteError(f"sysbench oltp_read_write: no transactions in its output:\n"
+                                         f"{out[-2000:]}")
+                    m[f"tps_cycle{c}"] = res["tps"]
+                    m[f"rss_busy_kib_cycle{c}"] = busy.peak
+                    ctx.progress(f"cycle {c}: connections closed, idle {idle:.0f}s",
+                                 0.1 + 0.9 * (c - 0.5) / cycles)
+                    sv.sleep_watching(idle, [srv], f"idle after cycle {c}")
+                    m[f"rss_idle_kib_cycle{c}"] = srv.rss_kib()
+                    result["phases"] += [{"phase": f"busy {c}", "rss_kib": busy.peak},
+                                         {"phase": f"idle {c}", "rss_kib": m[f"rss_idle_kib_cycle{c}"]}]
+            srv.check_alive("the run")
+            m["rss_peak_kib"] = whole.peak
+            m["rss_final_kib"] = m[f"rss_idle_kib_cycle{cycles}"]
+            m["throughput"] = geomean([m[f"tps_cycle{c}"] for c in range(1, cycles + 1)])
+            m.update(mesh_estimate_metrics(srv.pid, m["rss_final_kib"], "final"))
+            result["series"] = {"rss_kib": whole.samples}
+            result["notes"].append(
+                f"{tables} tables x {rows} rows, innodb_buffer_pool_size={pool}; {cycles} cycles of "
+                f"{threads} connections running oltp_read_write for {secs}s, then disconnecting "
+                f"and {idle:.0f}s idle. rss_final_kib is the RSS after the last idle: memory the "
+                "connections used and gave back, or not (MariaDB keeps up to thread_cache_size "
+                "threads; their caches stay).")
+        finally:
+            srv.stop(timeout=60)
+        return result

@@ -11,9 +11,8 @@ from typing import Optional
 
 # servers is imported as a module, names looked up at run time: keel_lab.servers
 # imports keel_lab.suites (for SuiteError), which imports this module.
-from .. import live
 from .. import servers as sv
-from .base import Suite, SuiteContext, SuiteError
+from .base import Suite, SuiteContext, SuiteError, mesh_estimate_metrics
 
 KEY_FMT = "key:%012d"          # the keys redis-benchmark -r makes of __rand_int__
 
@@ -174,26 +173,6 @@ class RedisFrag(RedisSuite):
         ]
         return result
 
-    @staticmethod
-    def _mesh_estimate(srv, m: dict, label: str) -> None:
-        """Under Keel, what meshing (docs/meshing.md) could give back after the idle
-        phase, from the server's live slab bitmaps: the idle RSS less the pages pairs /
-        groups of up to 8 would free, and the mappings each needs. Other allocators
-        publish nothing, and get no such metrics."""
-        if not live.shm_path(srv.pid).exists():
-            return
-        try:
-            rows = live.mesh_estimate(srv.pid)
-            page = live.read(srv.pid).stats["os_page_size"]
-        except live.LiveError:
-            return
-        tot = live.mesh_totals(rows, page)
-        rss = m[f"rss_idle_kib_{label}"]
-        m[f"mesh_est_pairs_rss_kib_{label}"] = rss - tot["pair_saved_bytes"] // 1024
-        m[f"mesh_est_pairs_views_{label}"] = tot["pair_views"]
-        m[f"mesh_est_groups_rss_kib_{label}"] = rss - tot["group_saved_bytes"] // 1024
-        m[f"mesh_est_groups_views_{label}"] = tot["group_views"]
-
     def _one(self, ctx, result, label, vsize, keys, fill, over, idle, base_frac, span,
              peaks, finals) -> None:
         m = result["metrics"]
@@ -262,7 +241,7 @@ class RedisFrag(RedisSuite):
                     sv.sleep_watching(idle, [srv], "the idle phase")
                 result["series"][f"rss_kib_{label}"] = idle_s.samples
                 phase("idle", idle)
-                self._mesh_estimate(srv, m, label)
+                m.update(mesh_estimate_metrics(srv.pid, m[f"rss_idle_kib_{label}"], label))
                 done += 1
             finally:
                 if client is not None:
