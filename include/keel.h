@@ -88,9 +88,12 @@ KEEL_API size_t keel_stats_locks(keel_lock_stats_t* out, size_t max);
  * holding no block in use (the purger already returns them once idle), and how many
  * more pages would be freed by meshing pages of equal index in different slabs whose
  * blocks in use do not overlap: in pairs, or in groups of up to 8 (randomized first
- * fit, 64 probes a page, pages over 80 % used skipped). `views` is the mappings that
- * would take (every page of a group). Blocks in thread and transfer caches count as in
- * use. Pages are the OS page size (keel_stats_t.os_page_size). */
+ * fit, 64 probes a page, pages over 80 % used skipped). `views` is the pages that would
+ * map a shared page (every page of a group). Pairs prefer to keep a slab's partner from
+ * one page to the next, so that a run of views can be one kernel mapping: `pair_runs`
+ * counts those runs, the mappings pairs need (each may split its slab's mapping once
+ * more). Blocks in thread and transfer caches count as in use. Pages are the OS page
+ * size (keel_stats_t.os_page_size). */
 typedef struct keel_mesh_estimate_s {
   uint64_t block_size;
   uint64_t pages;         /* OS pages in the class's slabs */
@@ -98,6 +101,7 @@ typedef struct keel_mesh_estimate_s {
   uint64_t candidates;    /* pages in use, at most 80 % full, in partly used slabs */
   uint64_t pair_saved;    /* pages meshing in pairs would free */
   uint64_t pair_views;
+  uint64_t pair_runs;     /* runs of consecutive views with the same partner */
   uint64_t group_saved;   /* pages meshing up to 8 pages together would free */
   uint64_t group_views;
 } keel_mesh_estimate_t;

@@ -30,7 +30,7 @@ OFF_NLOCKS = 5280  # after the 120 class entries (layout 3)
 LOCK = struct.Struct("<QQQ")  # acquired, contended, sleeps
 OFF_MESH_REQ, OFF_MESH_ANS, OFF_NMESH, OFF_MESH = 5480, 5488, 5496, 5504  # layout 4
 MESH_FIELDS = ["block_size", "pages", "free_pages", "candidates", "pair_saved", "pair_views",
-               "group_saved", "group_views"]
+               "pair_runs", "group_saved", "group_views"]
 MESH_ROW = struct.Struct("<" + "Q" * len(MESH_FIELDS))  # keel_mesh_estimate_t
 LOCK_NAMES = ["central", "page heap", "huge", "threads", "metadata", "page map", "profile",
               "quarantine"]
@@ -206,6 +206,7 @@ def mesh_totals(rows: list[dict], page_size: int) -> dict:
     return {"slab_bytes": tot["pages"] * page_size,
             "in_use_bytes": (tot["pages"] - tot["free_pages"]) * page_size,
             "pair_saved_bytes": tot["pair_saved"] * page_size, "pair_views": tot["pair_views"],
+            "pair_runs": tot["pair_runs"],
             "group_saved_bytes": tot["group_saved"] * page_size, "group_views": tot["group_views"]}
 
 

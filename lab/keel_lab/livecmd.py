@@ -69,18 +69,18 @@ def _mesh_table(rows: list[dict], page: int, rss_kib: int):
                     "slabs, with no block in use at the same offset, could give back",
               title_justify="left")
     for col in ("block", "slab memory", "on free pages", "candidates", "pairs free", "views",
-                "up to 8 free", "views"):
+                "mappings", "up to 8 free", "views"):
         t.add_column(col, justify="right")
     for r in sorted(rows, key=lambda r: r["pages"], reverse=True):
         if not r["pages"]:
             continue
         t.add_row(f"{r['block_size']} B", _mib(r["pages"] * page), _mib(r["free_pages"] * page),
                   f"{r['candidates']:,}", _mib(r["pair_saved"] * page), f"{r['pair_views']:,}",
-                  _mib(r["group_saved"] * page), f"{r['group_views']:,}")
+                  f"{r['pair_runs']:,}", _mib(r["group_saved"] * page), f"{r['group_views']:,}")
     tot = live.mesh_totals(rows, page)
     t.caption = (f"RSS {_mib(rss_kib * 1024)}; pairs would free {_mib(tot['pair_saved_bytes'])} "
-                 f"with {tot['pair_views']:,} mappings, groups of up to 8 "
-                 f"{_mib(tot['group_saved_bytes'])} with {tot['group_views']:,} "
+                 f"with {tot['pair_views']:,} views in {tot['pair_runs']:,} mappings, groups of up to 8 "
+                 f"{_mib(tot['group_saved_bytes'])} with {tot['group_views']:,} views "
                  f"(free pages are returned by the purger already, once idle)")
     return t
 

@@ -66,7 +66,29 @@ typedef struct match_space_s {
   uint8_t* members;
   uint32_t* open;    /* groups that can still take a page */
   uint32_t* order;
+  /* Pairs with affinity (match_pairs): per candidate, its slab and its partner; per
+   * slab, its candidate at this page index and its partner at the previous one. */
+  uint32_t* cand_slab;
+  uint32_t* partner;
+  uint32_t* cand_of;
+  uint32_t* prev_partner;
 } match_space_t;
+
+#define NONE UINT32_MAX
+
+static bool disjoint(const uint64_t* a, const uint64_t* b, unsigned wc) {
+  for (unsigned w = 0; w < wc; w++)
+    if (a[w] & b[w]) return false;
+  return true;
+}
+
+static void shuffle(uint32_t* v, uint32_t n, uint64_t* rng) {
+  for (uint32_t i = n; i > 1; i--) {
+    uint32_t j = (uint32_t)(rng_next(rng) % i), t = v[i - 1];
+    v[i - 1] = v[j];
+    v[j] = t;
+  }
+}
 
 /* Randomized first fit (Mesh's matcher, per page index): each page in random order
  * joins the first of up to MESH_PROBES open groups it does not overlap, else opens a
@@ -74,11 +96,7 @@ typedef struct match_space_s {
 static void match(const uint64_t* masks, uint32_t m, unsigned wc, unsigned cap, match_space_t* sp,
                   uint64_t* rng, uint64_t* saved, uint64_t* views) {
   for (uint32_t i = 0; i < m; i++) sp->order[i] = i;
-  for (uint32_t i = m; i > 1; i--) {
-    uint32_t j = (uint32_t)(rng_next(rng) % i), t = sp->order[i - 1];
-    sp->order[i - 1] = sp->order[j];
-    sp->order[j] = t;
-  }
+  shuffle(sp->order, m, rng);
   uint32_t groups = 0, nopen = 0;
   for (uint32_t i = 0; i < m; i++) {
     const uint64_t* pm = masks + (size_t)sp->order[i] * wc;
@@ -88,9 +106,7 @@ static void match(const uint64_t* masks, uint32_t m, unsigned wc, unsigned cap, 
       uint32_t oi = nopen <= MESH_PROBES ? t : (uint32_t)(rng_next(rng) % nopen);
       uint32_t g = sp->open[oi];
       uint64_t* u = sp->unions + (size_t)g * wc;
-      bool disjoint = true;
-      for (unsigned w = 0; w < wc && disjoint; w++) disjoint = (u[w] & pm[w]) == 0;
-      if (!disjoint) continue;
+      if (!disjoint(u, pm, wc)) continue;
       for (unsigned w = 0; w < wc; w++) u[w] |= pm[w];
       if (++sp->members[g] == cap) sp->open[oi] = sp->open[--nopen];
       placed = true;
@@ -105,6 +121,53 @@ static void match(const uint64_t* masks, uint32_t m, unsigned wc, unsigned cap, 
       *saved += sp->members[g] - 1u;
       *views += sp->members[g];
     }
+}
+
+/* Pairs, preferring to keep a slab's partner from one page to the next: slabs A and B
+ * meshed at pages j and j + 1 can have their two file pages at consecutive offsets, so
+ * each keeps one mapping for the run instead of one per page, and mappings, not pages,
+ * are what the kernel limits (vm.max_map_count). First every candidate whose partner at
+ * the previous page index is a candidate here too, and disjoint, pairs with it again;
+ * the rest pair by randomized first fit as in match(). Adds pages freed, views, and
+ * runs (each a mapping, and up to one more where it splits the slab's own mapping). */
+static void match_pairs(const uint64_t* masks, uint32_t m, unsigned wc, uint32_t nslabs, match_space_t* sp,
+                        uint64_t* rng, keel_mesh_estimate_t* e) {
+  for (uint32_t k = 0; k < m; k++) sp->partner[k] = NONE;
+  for (uint32_t k = 0; k < m; k++) {
+    uint32_t p = sp->prev_partner[sp->cand_slab[k]];
+    uint32_t k2 = p == NONE ? NONE : sp->cand_of[p];
+    if (k2 == NONE || sp->partner[k] != NONE || sp->partner[k2] != NONE) continue;
+    if (!disjoint(masks + (size_t)k * wc, masks + (size_t)k2 * wc, wc)) continue;
+    sp->partner[k] = k2;
+    sp->partner[k2] = k;
+    e->pair_saved++;
+    e->pair_views += 2;
+  }
+  uint32_t left = 0, nopen = 0;
+  for (uint32_t k = 0; k < m; k++)
+    if (sp->partner[k] == NONE) sp->order[left++] = k;
+  shuffle(sp->order, left, rng);
+  for (uint32_t i = 0; i < left; i++) {
+    uint32_t k = sp->order[i];
+    bool placed = false;
+    uint32_t tries = nopen < MESH_PROBES ? nopen : MESH_PROBES;
+    for (uint32_t t = 0; t < tries && !placed; t++) {
+      uint32_t oi = nopen <= MESH_PROBES ? t : (uint32_t)(rng_next(rng) % nopen);
+      uint32_t k2 = sp->open[oi];
+      if (!disjoint(masks + (size_t)k * wc, masks + (size_t)k2 * wc, wc)) continue;
+      sp->partner[k] = k2;
+      sp->partner[k2] = k;
+      sp->open[oi] = sp->open[--nopen];
+      e->pair_saved++;
+      e->pair_views += 2;
+      e->pair_runs += 2;
+      placed = true;
+    }
+    if (!placed) sp->open[nopen++] = k;
+  }
+  for (uint32_t s = 0; s < nslabs; s++) sp->prev_partner[s] = NONE;
+  for (uint32_t k = 0; k < m; k++)
+    if (sp->partner[k] != NONE) sp->prev_partner[sp->cand_slab[k]] = sp->cand_slab[sp->partner[k]];
 }
 
 /* Copies the bitmaps of cls's ordinary partial slabs into the scratch (after `reserve`
@@ -136,8 +199,8 @@ static void estimate_class(unsigned cls, scratch_t* s, uint64_t* rng, keel_mesh_
   unsigned words = (k->count + 63) / 64;
   unsigned wc_max = (unsigned)((page / k->size + 2 + 63) / 64);
   /* Per partial slab, besides its bitmap: one mask and one group union (wc_max words
-   * each), a member count, an open-list slot and an order slot. */
-  size_t per_slab = 2 * wc_max * sizeof(uint64_t) + 1 + 2 * sizeof(uint32_t);
+   * each), a member count, and six 32-bit slots (open list, order, and match_pairs'). */
+  size_t per_slab = 2 * wc_max * sizeof(uint64_t) + 1 + 6 * sizeof(uint32_t);
   uint64_t slabs = 0;
   uint32_t n = copy_bitmaps(cls, s, per_slab + 8, &slabs);
   memset(e, 0, sizeof *e);
@@ -151,7 +214,12 @@ static void estimate_class(unsigned cls, scratch_t* s, uint64_t* rng, keel_mesh_
   sp.unions = masks + (size_t)n * wc_max;
   sp.open = (uint32_t*)(sp.unions + (size_t)n * wc_max);
   sp.order = sp.open + n;
-  sp.members = (uint8_t*)(sp.order + n);
+  sp.cand_slab = sp.order + n;
+  sp.partner = sp.cand_slab + n;
+  sp.cand_of = sp.partner + n;
+  sp.prev_partner = sp.cand_of + n;
+  sp.members = (uint8_t*)(sp.prev_partner + n);
+  for (uint32_t i = 0; i < n; i++) sp.prev_partner[i] = NONE;
   for (size_t j = 0; j < pages_per_slab; j++) {
     uint32_t first = (uint32_t)(j * page / k->size);
     if (first >= k->count) { /* the slab's tail past its last block: never used */
@@ -165,11 +233,16 @@ static void estimate_class(unsigned cls, scratch_t* s, uint64_t* rng, keel_mesh_
     for (uint32_t i = 0; i < n; i++) {
       uint64_t* out = masks + (size_t)m * wc;
       unsigned used = used_mask(bitmaps + (size_t)i * words, words, first, nb, out, wc);
-      if (used == 0) e->free_pages++;
-      else if (used * 100 <= nb * MESH_FULL_PERCENT) m++;
+      sp.cand_of[i] = NONE;
+      if (used == 0) {
+        e->free_pages++;
+      } else if (used * 100 <= nb * MESH_FULL_PERCENT) {
+        sp.cand_of[i] = m;
+        sp.cand_slab[m++] = i;
+      }
     }
     e->candidates += m;
-    match(masks, m, wc, 2, &sp, rng, &e->pair_saved, &e->pair_views);
+    match_pairs(masks, m, wc, n, &sp, rng, e);
     match(masks, m, wc, 8, &sp, rng, &e->group_saved, &e->group_views);
   }
 }

@@ -53,7 +53,7 @@ _Static_assert(sizeof(keel_stats_t) == 120, "published layout: keel_stats_t is 1
 _Static_assert(__builtin_offsetof(keel_published_t, stats) == 360, "published layout");
 _Static_assert(__builtin_offsetof(keel_published_t, nlocks) == 5280, "published layout: 120 classes");
 _Static_assert(__builtin_offsetof(keel_published_t, mesh_request) == 5480, "published layout 4");
-_Static_assert(__builtin_offsetof(keel_published_t, mesh) == 5504 && sizeof(keel_mesh_estimate_t) == 64,
+_Static_assert(__builtin_offsetof(keel_published_t, mesh) == 5504 && sizeof(keel_mesh_estimate_t) == 72,
                "published layout 4: mesh rows");
 
 static keel_published_t* pub;

@@ -4,7 +4,8 @@
  * freed. Which block survives (its "slot" on the page) depends on the slab, so the
  * used masks of page j are single bits whose overlaps we choose:
  *   - 1024 B: two slots, alternating between slabs. Pages pair exactly: with two kinds
- *     of page the matcher can only leave pages of one kind unpaired, min(#A, #B) pairs.
+ *     of page the matcher can only leave pages of one kind unpaired, min(#A, #B) pairs,
+ *     and a pair made at the first page goes on along the slab (one run per slab).
  *     Groups cannot grow past two (no third disjoint slot is used).
  *   - 512 B: four slots. Randomized first fit builds exactly max(#kind) groups, each
  *     page joining the first open group lacking its slot: group_saved is known; pairs
@@ -119,6 +120,7 @@ int main(void) {
     CHECK(rows[i].free_pages + rows[i].candidates <= rows[i].pages);
     CHECK(rows[i].pair_saved * 2 <= rows[i].candidates && rows[i].pair_views == 2 * rows[i].pair_saved);
     CHECK(rows[i].group_saved >= rows[i].pair_saved && rows[i].group_views <= rows[i].candidates);
+    CHECK(rows[i].pair_runs <= rows[i].pair_views);
   }
 
   const keel_mesh_estimate_t* r = row_for(rows, n, 1024);
@@ -131,6 +133,9 @@ int main(void) {
     CHECK_MSG(r->pair_saved == pairs * pages_per_slab, "pair_saved %" PRIu64 " want %zu", r->pair_saved,
               pairs * pages_per_slab);
     CHECK(r->group_saved == r->pair_saved);
+    /* Every page index pairs the same two kinds, so each pair made at the first index
+     * is kept all along the slab: one run per slab of a pair. */
+    CHECK_MSG(r->pair_runs == 2 * pairs, "pair_runs %" PRIu64 " want %zu", r->pair_runs, 2 * pairs);
   }
   r = row_for(rows, n, 512);
   CHECK(r != NULL);

@@ -36,7 +36,8 @@ class SuiteError(RuntimeError):
 def mesh_estimate_metrics(pid: int, rss_kib: int, suffix: str) -> dict:
     """Under Keel, what meshing (docs/meshing.md) could give back in a running server,
     from its live slab bitmaps (keel stats --mesh): the RSS given less the pages pairs /
-    groups of up to 8 would free, and the page mappings each needs. Empty for other
+    groups of up to 8 would free, the views each needs, and the kernel mappings pairs
+    need when a slab keeps its partner over consecutive pages. Empty for other
     allocators (they publish nothing) or a Keel without the estimate."""
     from .. import live
     if not live.shm_path(pid).exists():
@@ -49,6 +50,7 @@ def mesh_estimate_metrics(pid: int, rss_kib: int, suffix: str) -> dict:
     tot = live.mesh_totals(rows, page)
     return {f"mesh_est_pairs_rss_kib_{suffix}": rss_kib - tot["pair_saved_bytes"] // 1024,
             f"mesh_est_pairs_views_{suffix}": tot["pair_views"],
+            f"mesh_est_pairs_mappings_{suffix}": tot["pair_runs"],
             f"mesh_est_groups_rss_kib_{suffix}": rss_kib - tot["group_saved_bytes"] // 1024,
             f"mesh_est_groups_views_{suffix}": tot["group_views"]}
 
