@@ -28,10 +28,12 @@ void _keel_lock_slow(keel_lock_t* lock) {
   count(lock, slept);
 }
 
-void _keel_lock_read(keel_lock_t* lock, keel_lock_stats_t* sum) {
-  keel_lock(lock); /* (this acquisition is counted too) */
-  sum->acquired += lock->acquired;
-  sum->contended += lock->contended;
-  sum->sleeps += lock->sleeps;
-  keel_unlock(lock);
+/* Without taking the lock: the counters only grow, a snapshot a moment old is fine, and
+ * aligned 64-bit loads do not tear. Taking each lock would write to it, and statistics
+ * read all 120 central locks: 32 KiB of memory no allocation had touched became
+ * resident in every process once the purger published its first snapshot. */
+__attribute__((no_sanitize("thread"))) void _keel_lock_read(keel_lock_t* lock, keel_lock_stats_t* sum) {
+  sum->acquired += __atomic_load_n(&lock->acquired, __ATOMIC_RELAXED);
+  sum->contended += __atomic_load_n(&lock->contended, __ATOMIC_RELAXED);
+  sum->sleeps += __atomic_load_n(&lock->sleeps, __ATOMIC_RELAXED);
 }

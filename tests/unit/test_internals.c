@@ -305,7 +305,7 @@ static void test_lock_stats(void) {
   CHECK(test_lock.sleeps >= 1);
   keel_lock_stats_t one = {"test", 0, 0, 0};
   _keel_lock_read(&test_lock, &one);
-  CHECK(one.acquired == before + 3 && one.contended == test_lock.contended);
+  CHECK(one.acquired == before + 2 && one.contended == test_lock.contended); /* reading takes no lock */
 }
 
 int main(void) {
