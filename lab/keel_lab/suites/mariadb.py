@@ -47,6 +47,26 @@ def parse_sysbench(text: str) -> dict:
     return out
 
 
+def start_and_prepare(srv: sv.MariaDBServer, ctx: SuiteContext, result: dict, tables: int,
+                      rows: int) -> list[str]:
+    """Starts the server, creates sysbench's database and user, fills `tables` tables of
+    `rows` rows; returns the sysbench command line up to the test name's place
+    ([sysbench, connection and table options...])."""
+    ctx.progress("mariadb-install-db and start", 0.0)
+    srv.start()
+    result["notes"] += srv.notes
+    srv.sql("CREATE DATABASE sbtest; "
+            "CREATE USER 'sbtest'@'127.0.0.1' IDENTIFIED BY 'sbtest'; "
+            "GRANT ALL PRIVILEGES ON sbtest.* TO 'sbtest'@'127.0.0.1';")
+    sb = [sv.which("sysbench", "sysbench"), "--db-driver=mysql", "--mysql-host=127.0.0.1",
+          f"--mysql-port={srv.port}", "--mysql-user=sbtest", "--mysql-password=sbtest",
+          "--mysql-db=sbtest", f"--tables={tables}", f"--table-size={rows}"]
+    ctx.progress(f"sysbench prepare ({tables} x {rows} rows)", 0.05)
+    sv.run_client([sb[0], "oltp_read_only", *sb[1:], f"--threads={min(tables, 4)}", "prepare"],
+                  servers=[srv], timeout=1800, what="sysbench prepare")
+    return sb
+
+
 class MariaDB(Suite):
     """One mariadbd (fresh datadir from mariadb-install-db), one sysbench prepare, then
     oltp_read_only at each thread count (points: x = threads) and oltp_insert.
@@ -82,18 +102,7 @@ class MariaDB(Suite):
         srv = sv.MariaDBServer(ctx.allocator, workdir=ctx.workdir, buffer_pool=pool,
                                max_connections=max(sweep) + 44, extra_env=opt_env(ctx))
         try:
-            ctx.progress("mariadb-install-db and start", 0.0)
-            srv.start()
-            result["notes"] += srv.notes
-            srv.sql("CREATE DATABASE sbtest; "
-                    "CREATE USER 'sbtest'@'127.0.0.1' IDENTIFIED BY 'sbtest'; "
-                    "GRANT ALL PRIVILEGES ON sbtest.* TO 'sbtest'@'127.0.0.1';")
-            sb = [sv.which("sysbench", "sysbench"), "--db-driver=mysql", "--mysql-host=127.0.0.1",
-                  f"--mysql-port={srv.port}", "--mysql-user=sbtest", "--mysql-password=sbtest",
-                  "--mysql-db=sbtest", f"--tables={tables}", f"--table-size={rows}"]
-            ctx.progress(f"sysbench prepare ({tables} x {rows} rows)", 0.05)
-            sv.run_client([sb[0], "oltp_read_only", *sb[1:], f"--threads={min(tables, 4)}", "prepare"],
-                          servers=[srv], timeout=1800, what="sysbench prepare")
+            sb = start_and_prepare(srv, ctx, result, tables, rows)
             m["rss_after_prepare_kib"] = srv.rss_kib()
 
             total = len(sweep) + 1
@@ -190,18 +199,7 @@ class MariaDBPool(Suite):
         srv = sv.MariaDBServer(ctx.allocator, workdir=ctx.workdir, buffer_pool=pool,
                                max_connections=threads + 44, extra_env=opt_env(ctx))
         try:
-            ctx.progress("mariadb-install-db and start", 0.0)
-            srv.start()
-            result["notes"] += srv.notes
-            srv.sql("CREATE DATABASE sbtest; "
-                    "CREATE USER 'sbtest'@'127.0.0.1' IDENTIFIED BY 'sbtest'; "
-                    "GRANT ALL PRIVILEGES ON sbtest.* TO 'sbtest'@'127.0.0.1';")
-            sb = [sv.which("sysbench", "sysbench"), "--db-driver=mysql", "--mysql-host=127.0.0.1",
-                  f"--mysql-port={srv.port}", "--mysql-user=sbtest", "--mysql-password=sbtest",
-                  "--mysql-db=sbtest", f"--tables={tables}", f"--table-size={rows}"]
-            ctx.progress(f"sysbench prepare ({tables} x {rows} rows)", 0.05)
-            sv.run_client([sb[0], "oltp_read_write", *sb[1:], f"--threads={min(tables, 4)}", "prepare"],
-                          servers=[srv], timeout=1800, what="sysbench prepare")
+            sb = start_and_prepare(srv, ctx, result, tables, rows)
             m["rss_prepare_kib"] = srv.rss_kib()
             result["phases"].append({"phase": "prepare", "rss_kib": m["rss_prepare_kib"]})
             with sv.RssSampler(srv.pid, interval=0.25) as whole:
@@ -209,14 +207,8 @@ class MariaDBPool(Suite):
                     ctx.progress(f"cycle {c}: {threads} connections, oltp_read_write {secs}s",
                                  0.1 + 0.9 * (c - 1) / cycles)
                     with sv.RssSampler(srv.pid, interval=0.2) as busy:
-                        out = sv.run_client([sb[0], "oltp_read_write", *sb[1:], f"--threads={threads}",
-                                             f"--time={secs}", "--report-interval=0", "run"],
-                                            servers=[srv], timeout=secs + 300,
-                                            what=f"sysbench oltp_read_write --threads={threads}")
-                    res = parse_sysbench(out)
-                    if "tps" not in res:
-                        raise SuiteError(f"sysbench oltp_read_write: no transactions in its output:\n"
-                                         f"{out[-2000:]}")
+                        res = MariaDB._run(srv, [sb[0], "oltp_read_write", *sb[1:]], threads, secs,
+                                           f"sysbench oltp_read_write --threads={threads}")
                     m[f"tps_cycle{c}"] = res["tps"]
                     m[f"rss_busy_kib_cycle{c}"] = busy.peak
                     ctx.progress(f"cycle {c}: connections closed, idle {idle:.0f}s",
