@@ -68,6 +68,7 @@ typedef struct match_space_s {
   uint32_t* order;
   /* Pairs with affinity (match_pairs): per candidate, its slab and its partner; per
    * slab, its candidate at this page index and its partner at the previous one. */
+  uint32_t* group_of; /* per candidate: its group in the last match() */
   uint32_t* cand_slab;
   uint32_t* partner;
   uint32_t* cand_of;
@@ -90,37 +91,54 @@ static void shuffle(uint32_t* v, uint32_t n, uint64_t* rng) {
   }
 }
 
-/* Randomized first fit (Mesh's matcher, per page index): each page in random order
- * joins the first of up to MESH_PROBES open groups it does not overlap, else opens a
- * group. Adds the pages freed and the views needed to *saved and *views. */
-static void match(const uint64_t* masks, uint32_t m, unsigned wc, unsigned cap, match_space_t* sp,
-                  uint64_t* rng, uint64_t* saved, uint64_t* views) {
-  for (uint32_t i = 0; i < m; i++) sp->order[i] = i;
+/* Randomized first fit (Mesh's matcher, per page index): the pages listed in
+ * sp->order[0, m) (candidate indices), in random order, each join the first of up to
+ * MESH_PROBES open groups they do not overlap, else open a group; a group takes at most
+ * `cap` pages. Sets sp->group_of and sp->members; returns the number of groups. */
+static uint32_t match(const uint64_t* masks, uint32_t m, unsigned wc, unsigned cap, match_space_t* sp,
+                      uint64_t* rng) {
   shuffle(sp->order, m, rng);
   uint32_t groups = 0, nopen = 0;
   for (uint32_t i = 0; i < m; i++) {
-    const uint64_t* pm = masks + (size_t)sp->order[i] * wc;
-    bool placed = false;
-    uint32_t tries = nopen < MESH_PROBES ? nopen : MESH_PROBES;
-    for (uint32_t t = 0; t < tries && !placed; t++) {
+    uint32_t k = sp->order[i];
+    const uint64_t* pm = masks + (size_t)k * wc;
+    uint32_t g = NONE, tries = nopen < MESH_PROBES ? nopen : MESH_PROBES;
+    for (uint32_t t = 0; t < tries && g == NONE; t++) {
       uint32_t oi = nopen <= MESH_PROBES ? t : (uint32_t)(rng_next(rng) % nopen);
-      uint32_t g = sp->open[oi];
-      uint64_t* u = sp->unions + (size_t)g * wc;
+      uint64_t* u = sp->unions + (size_t)sp->open[oi] * wc;
       if (!disjoint(u, pm, wc)) continue;
+      g = sp->open[oi];
       for (unsigned w = 0; w < wc; w++) u[w] |= pm[w];
       if (++sp->members[g] == cap) sp->open[oi] = sp->open[--nopen];
-      placed = true;
     }
-    if (placed) continue;
-    memcpy(sp->unions + (size_t)groups * wc, pm, wc * sizeof(uint64_t));
-    sp->members[groups] = 1;
-    sp->open[nopen++] = groups++;
+    if (g == NONE) {
+      g = groups++;
+      memcpy(sp->unions + (size_t)g * wc, pm, wc * sizeof(uint64_t));
+      sp->members[g] = 1;
+      sp->open[nopen++] = g;
+    }
+    sp->group_of[k] = g;
   }
+  return groups;
+}
+
+/* Groups of up to 8: adds the pages freed and the views needed. */
+static void match_groups(const uint64_t* masks, uint32_t m, unsigned wc, match_space_t* sp, uint64_t* rng,
+                         keel_mesh_estimate_t* e) {
+  for (uint32_t k = 0; k < m; k++) sp->order[k] = k;
+  uint32_t groups = match(masks, m, wc, 8, sp, rng);
   for (uint32_t g = 0; g < groups; g++)
     if (sp->members[g] >= 2) {
-      *saved += sp->members[g] - 1u;
-      *views += sp->members[g];
+      e->group_saved += sp->members[g] - 1u;
+      e->group_views += sp->members[g];
     }
+}
+
+static void pair(match_space_t* sp, uint32_t k, uint32_t k2, keel_mesh_estimate_t* e) {
+  sp->partner[k] = k2;
+  sp->partner[k2] = k;
+  e->pair_saved++;
+  e->pair_views += 2;
 }
 
 /* Pairs, preferring to keep a slab's partner from one page to the next: slabs A and B
@@ -128,8 +146,8 @@ static void match(const uint64_t* masks, uint32_t m, unsigned wc, unsigned cap, 
  * each keeps one mapping for the run instead of one per page, and mappings, not pages,
  * are what the kernel limits (vm.max_map_count). First every candidate whose partner at
  * the previous page index is a candidate here too, and disjoint, pairs with it again;
- * the rest pair by randomized first fit as in match(). Adds pages freed, views, and
- * runs (each a mapping, and up to one more where it splits the slab's own mapping). */
+ * the rest pair by match(). Adds pages freed, views, and runs (each a mapping, and up
+ * to one more where it splits the slab's own mapping). */
 static void match_pairs(const uint64_t* masks, uint32_t m, unsigned wc, uint32_t nslabs, match_space_t* sp,
                         uint64_t* rng, keel_mesh_estimate_t* e) {
   for (uint32_t k = 0; k < m; k++) sp->partner[k] = NONE;
@@ -137,33 +155,22 @@ static void match_pairs(const uint64_t* masks, uint32_t m, unsigned wc, uint32_t
     uint32_t p = sp->prev_partner[sp->cand_slab[k]];
     uint32_t k2 = p == NONE ? NONE : sp->cand_of[p];
     if (k2 == NONE || sp->partner[k] != NONE || sp->partner[k2] != NONE) continue;
-    if (!disjoint(masks + (size_t)k * wc, masks + (size_t)k2 * wc, wc)) continue;
-    sp->partner[k] = k2;
-    sp->partner[k2] = k;
-    e->pair_saved++;
-    e->pair_views += 2;
+    if (disjoint(masks + (size_t)k * wc, masks + (size_t)k2 * wc, wc)) pair(sp, k, k2, e);
   }
-  uint32_t left = 0, nopen = 0;
+  uint32_t left = 0;
   for (uint32_t k = 0; k < m; k++)
     if (sp->partner[k] == NONE) sp->order[left++] = k;
-  shuffle(sp->order, left, rng);
+  uint32_t groups = match(masks, left, wc, 2, sp, rng);
+  uint32_t* first = sp->open; /* free again: the first member seen of each group */
+  for (uint32_t g = 0; g < groups; g++) first[g] = NONE;
   for (uint32_t i = 0; i < left; i++) {
-    uint32_t k = sp->order[i];
-    bool placed = false;
-    uint32_t tries = nopen < MESH_PROBES ? nopen : MESH_PROBES;
-    for (uint32_t t = 0; t < tries && !placed; t++) {
-      uint32_t oi = nopen <= MESH_PROBES ? t : (uint32_t)(rng_next(rng) % nopen);
-      uint32_t k2 = sp->open[oi];
-      if (!disjoint(masks + (size_t)k * wc, masks + (size_t)k2 * wc, wc)) continue;
-      sp->partner[k] = k2;
-      sp->partner[k2] = k;
-      sp->open[oi] = sp->open[--nopen];
-      e->pair_saved++;
-      e->pair_views += 2;
-      e->pair_runs += 2;
-      placed = true;
+    uint32_t k = sp->order[i], g = sp->group_of[k];
+    if (first[g] == NONE) {
+      first[g] = k;
+    } else {
+      pair(sp, first[g], k, e);
+      e->pair_runs += 2; /* a new partner: a new run for both slabs */
     }
-    if (!placed) sp->open[nopen++] = k;
   }
   for (uint32_t s = 0; s < nslabs; s++) sp->prev_partner[s] = NONE;
   for (uint32_t k = 0; k < m; k++)
@@ -189,7 +196,7 @@ static uint32_t copy_bitmaps(unsigned cls, scratch_t* s, size_t reserve_per_slab
       return n;
     }
     keel_unlock(&cl->lock);
-    if (!scratch_reserve(s, need + need / 4)) return UINT32_MAX;
+    if (!scratch_reserve(s, need)) return UINT32_MAX; /* (it leaves room to grow) */
   }
 }
 
@@ -199,8 +206,9 @@ static void estimate_class(unsigned cls, scratch_t* s, uint64_t* rng, keel_mesh_
   unsigned words = (k->count + 63) / 64;
   unsigned wc_max = (unsigned)((page / k->size + 2 + 63) / 64);
   /* Per partial slab, besides its bitmap: one mask and one group union (wc_max words
-   * each), a member count, and six 32-bit slots (open list, order, and match_pairs'). */
-  size_t per_slab = 2 * wc_max * sizeof(uint64_t) + 1 + 6 * sizeof(uint32_t);
+   * each), a member count, and seven 32-bit slots (open list, order, group, and
+   * match_pairs' four). */
+  size_t per_slab = 2 * wc_max * sizeof(uint64_t) + 1 + 7 * sizeof(uint32_t);
   uint64_t slabs = 0;
   uint32_t n = copy_bitmaps(cls, s, per_slab + 8, &slabs);
   memset(e, 0, sizeof *e);
@@ -214,7 +222,8 @@ static void estimate_class(unsigned cls, scratch_t* s, uint64_t* rng, keel_mesh_
   sp.unions = masks + (size_t)n * wc_max;
   sp.open = (uint32_t*)(sp.unions + (size_t)n * wc_max);
   sp.order = sp.open + n;
-  sp.cand_slab = sp.order + n;
+  sp.group_of = sp.order + n;
+  sp.cand_slab = sp.group_of + n;
   sp.partner = sp.cand_slab + n;
   sp.cand_of = sp.partner + n;
   sp.prev_partner = sp.cand_of + n;
@@ -243,7 +252,7 @@ static void estimate_class(unsigned cls, scratch_t* s, uint64_t* rng, keel_mesh_
     }
     e->candidates += m;
     match_pairs(masks, m, wc, n, &sp, rng, e);
-    match(masks, m, wc, 8, &sp, rng, &e->group_saved, &e->group_views);
+    match_groups(masks, m, wc, &sp, rng, e);
   }
 }
 
