@@ -3,23 +3,12 @@ connection, so many threads means many per-thread allocator caches), then oltp_i
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 # servers is imported as a module, names looked up at run time: keel_lab.servers
 # imports keel_lab.suites (for SuiteError), which imports this module.
 from .. import servers as sv
-from .base import Suite, SuiteContext, SuiteError, mesh_estimate_metrics
+from .base import Suite, SuiteContext, SuiteError, cpu_us_per_txn, mesh_estimate_metrics
 from .redis import geomean, opt_float, opt_list, opt_env, size_mode
-
-
-def cpu_us_per_txn(before: Optional[float], after: Optional[float], tps: Optional[float],
-                   secs: float) -> Optional[float]:
-    """Server CPU microseconds per transaction over one point. On a small shared machine
-    this varies far less between runs than TPS (which also moves with how the client and
-    the server happen to be scheduled), so it is the figure to compare allocators by."""
-    if before is None or after is None or not tps:
-        return None
-    return round((after - before) / (tps * secs) * 1e6, 1)
 
 
 def parse_sysbench(text: str) -> dict:

@@ -8,8 +8,7 @@ import re
 # servers is imported as a module, names looked up at run time: keel_lab.servers
 # imports keel_lab.suites (for SuiteError), which imports this module.
 from .. import servers as sv
-from .base import Suite, SuiteContext, SuiteError
-from .mariadb import cpu_us_per_txn
+from .base import Suite, SuiteContext, SuiteError, cpu_us_per_txn
 from .redis import geomean, opt_float, opt_list, opt_env, size_mode
 
 
