@@ -39,6 +39,17 @@ OPTIONS: tuple[KeelOption, ...] = (
                "pages even where the machine says madvise, and free memory is then returned "
                "only in whole huge pages (never split); never: MADV_NOHUGEPAGE. The machine's "
                "/sys/kernel/mm/transparent_hugepage setting is never changed."),
+    KeelOption("KEEL_MESH", "off|on|user", "off",
+               "Meshing: the purger lets pages of two slabs of a size class whose blocks in "
+               "use sit at different offsets share one physical page (private views of a "
+               "memory file), giving back memory deletes left scattered (docs/meshing.md). "
+               "on: only with a userfaultfd write barrier that holds for the kernel's writes "
+               "too (root, CAP_SYS_PTRACE, access to /dev/userfaultfd or "
+               "vm.unprivileged_userfaultfd=1), else a warning and it stays off; user: also "
+               "with a user-mode barrier, where a read(2) into a block being meshed fails "
+               "with EFAULT. Each view is a kernel mapping: at most a third of "
+               "vm.max_map_count is used. VmRSS does not show the gain (it counts a shared "
+               "page once per view); PSS and cgroup memory do."),
     KeelOption("KEEL_STATS", "bool", "off",
                "Print Keel's statistics (allocated, active, cached, mapped, committed, "
                "retained, metadata, purged bytes, threads) to stderr when the process exits."),
