@@ -52,6 +52,7 @@ static keel_slab_t* slab_new(unsigned cls, bool sampled) {
   s->cls = (uint8_t)cls;
   s->sampled = sampled;
   s->needs_trim = 0;
+  s->meshed = 0;
   s->used = 0;
   s->scan = 0;
   unsigned words = (k->count + 63) / 64;
@@ -59,6 +60,14 @@ static keel_slab_t* slab_new(unsigned cls, bool sampled) {
   if (k->count % 64) s->free_bits[words - 1] = ((uint64_t)1 << (k->count % 64)) - 1;
   _keel_central[cls].slabs++;
   return s;
+}
+
+/* An empty slab may go back to the page heap once none of its pages is a mesh view any
+ * more (the page heap counts on purged memory reading zero; a view re-reads its file). */
+static bool slab_releasable(keel_slab_t* s) {
+  if (s->meshed && _keel_mesh_leave(slab_base(keel_chunk_of(s), s), (size_t)s->units << KEEL_UNIT_SHIFT))
+    s->meshed = 0;
+  return !s->meshed;
 }
 
 static void slab_release(unsigned cls, keel_slab_t* s) {
@@ -228,12 +237,12 @@ static void slab_put(keel_central_t* cl, unsigned cls, void* p) {
   if (s->used == 0) {
     /* Keep a lone empty slab: releasing it would make a class that is used a little
      * at a time create and destroy the same slab over and over. */
-    if (s->in_partial && (s->prev != NULL || s->next != NULL)) {
+    if (s->in_partial && (s->prev != NULL || s->next != NULL) && slab_releasable(s)) {
       partial_remove(cl, s);
       slab_release(cls, s);
       return;
     }
-    if (!s->in_partial && *partial_list(cl, s) != NULL) {
+    if (!s->in_partial && *partial_list(cl, s) != NULL && slab_releasable(s)) {
       slab_release(cls, s);
       return;
     }
@@ -296,7 +305,7 @@ void _keel_central_drain_all(void) {
       keel_slab_t* next;
       for (keel_slab_t* s = sampled ? cl->sampled_partial : cl->partial; s != NULL; s = next) {
         next = s->next;
-        if (s->used == 0) {
+        if (s->used == 0 && slab_releasable(s)) {
           partial_remove(cl, s);
           slab_release(cls, s);
         }
@@ -331,6 +340,7 @@ static void trim_slab(unsigned cls, keel_slab_t* s) {
       if (run_len == 0) run_start = off;
       run_len += page;
     } else if (run_len) {
+      if (s->meshed) _keel_mesh_leave(base + run_start, run_len); /* views become fresh */
       if (_keel_prim_purge(base + run_start, run_len))
         __atomic_fetch_add(&trimmed_bytes, run_len, __ATOMIC_RELAXED);
       run_len = 0;

@@ -30,8 +30,8 @@ void _keel_init(void) {
 
 /* ---- fork: every lock is taken before fork and released (parent) or reset (child),
  * so the child never inherits a lock held by a thread that does not exist there. The
- * order is the global lock order: registry, central (by class), page heap, huge,
- * page map leaves, metadata, checked mode's quarantine. */
+ * order is the global lock order: registry, meshing pass, central (by class), page
+ * heap, huge, page map leaves, metadata, checked mode's quarantine, mesh view table. */
 void _keel_pagemap_lock_all(void);
 void _keel_pagemap_unlock_all(void);
 void _keel_pagemap_reset_locks(void);
@@ -39,22 +39,26 @@ void _keel_pagemap_reset_locks(void);
 static void fork_prepare(void) {
   if (!_keel_ready) return;
   _keel_tcache_lock_all();
+  _keel_mesh_lock_all();
   _keel_central_lock_all();
   _keel_pageheap_lock_all();
   _keel_huge_lock_all();
   _keel_pagemap_lock_all();
   _keel_meta_lock_all();
   _keel_checked_lock_all();
+  _keel_mesh_table_lock();
 }
 
 static void fork_parent(void) {
   if (!_keel_ready) return;
+  _keel_mesh_table_unlock();
   _keel_checked_unlock_all();
   _keel_meta_unlock_all();
   _keel_pagemap_unlock_all();
   _keel_huge_unlock_all();
   _keel_pageheap_unlock_all();
   _keel_central_unlock_all();
+  _keel_mesh_unlock_all();
   _keel_tcache_unlock_all();
 }
 
@@ -68,6 +72,7 @@ static void fork_child(void) {
   _keel_huge_reset_locks();
   _keel_pageheap_reset_locks();
   _keel_central_reset_locks();
+  _keel_mesh_after_fork_child();
   _keel_tcache_after_fork_child();
   atomic_store(&background_state, 0); /* the purger thread did not survive the fork */
   _keel_background_start();
@@ -103,6 +108,7 @@ static void* purger_main(void* arg) {
       _keel_central_decay(_keel_options.purge_delay_ms / tick + 1);
       if (_keel_pageheap_dirty_bytes() != 0) _keel_pageheap_maybe_purge();
       if (_keel_huge_cache_pending()) _keel_huge_purge(false);
+      _keel_mesh_tick();
     }
     _keel_publish_tick();
     _keel_profile_tick();

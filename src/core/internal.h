@@ -116,6 +116,7 @@ typedef struct keel_slab_s {
   uint8_t in_partial;
   uint8_t sampled;   /* slab: holds heap-profile samples only */
   uint8_t needs_trim; /* slab: blocks came back since its free pages were last purged */
+  uint8_t meshed;    /* slab: some of its pages may be mesh views (mesh.c) */
   uint32_t used;     /* slab: blocks out of the slab (live or in a cache) */
   uint32_t scan;     /* slab: first bitmap word that may have a free bit */
   uint32_t put_tick; /* slab: purger tick when a block last came back */
@@ -255,6 +256,30 @@ void _keel_central_unlock_all(void) KEEL_INTERNAL;
 void _keel_central_reset_locks(void) KEEL_INTERNAL;
 /* Block start for a pointer into a slab of class cls; sets *exact if p is that start. */
 void* _keel_block_start(unsigned cls, const void* p, bool* exact) KEEL_INTERNAL;
+
+/* ---- meshing (mesh.c, mesh_estimate.c; docs/meshing.md) --------------------------------
+ * Pages of two slabs of a class whose blocks in use sit at different offsets share one
+ * physical page: both become private views of one page of a memory file. */
+#define KEEL_MESH_MAX_BLOCK 2048u           /* larger blocks: a page touches at most two */
+#define KEEL_MESH_MAX_PAGE ((size_t)16 << 10) /* larger OS pages: too few blocks a page */
+/* Called for each pair the matcher proposes: page addresses of the same index in two
+ * slabs of class cls. Returns false to stop planning. */
+typedef bool (*keel_mesh_visit_t)(void* ctx, unsigned cls, uintptr_t a, uintptr_t b);
+/* Runs the candidate search and pair matcher on class cls's partly used slabs (their
+ * bitmaps copied under the class lock, matched unlocked) and calls visit per pair; the
+ * slab the class refills from is left out. Returns false if scratch memory ran out. */
+bool _keel_mesh_plan(unsigned cls, keel_mesh_visit_t visit, void* ctx) KEEL_INTERNAL;
+/* Class lock held: the views among the pages of [addr, addr + len) are replaced by fresh
+ * memory (their blocks are all free). Returns false if one could not be (it stays a
+ * view: the caller must then keep the memory it is in). */
+bool _keel_mesh_leave(void* addr, size_t len) KEEL_INTERNAL;
+void _keel_mesh_tick(void) KEEL_INTERNAL; /* the purger's meshing pass */
+void _keel_mesh_lock_all(void) KEEL_INTERNAL;   /* fork: before the central locks */
+void _keel_mesh_unlock_all(void) KEEL_INTERNAL;
+void _keel_mesh_table_lock(void) KEEL_INTERNAL; /* fork: the innermost lock */
+void _keel_mesh_table_unlock(void) KEEL_INTERNAL;
+void _keel_mesh_after_fork_child(void) KEEL_INTERNAL;
+void _keel_mesh_verify(void) KEEL_INTERNAL; /* central locks held */
 
 /* ---- large and huge blocks (huge.c and pageheap.c) ----------------------------------- */
 void* _keel_large_alloc(size_t size, size_t align, bool zero) KEEL_INTERNAL;
@@ -411,6 +436,7 @@ typedef struct keel_options_s {
   bool profile_leaks;       /* KEEL_PROFILE_LEAKS: report live sampled blocks at exit */
   char profile_prefix[200]; /* KEEL_PROFILE_PREFIX: dumps go to PREFIX.<pid>.<n>.heap */
   int thp;                  /* KEEL_THP: keel_thp_policy_t for Keel's own memory */
+  int mesh;                 /* KEEL_MESH: keel_mesh_policy_t */
   uint64_t check_guard;     /* KEEL_CHECK_GUARD: checked-mode blocks this big get a guard
                                page after their end (0: none) */
 } keel_options_t;
@@ -421,6 +447,14 @@ typedef enum keel_thp_policy_e {
   KEEL_THP_ALWAYS = 1, /* MADV_HUGEPAGE: huge pages even where the machine says madvise */
   KEEL_THP_NEVER = 2,  /* MADV_NOHUGEPAGE: never, whatever the machine says */
 } keel_thp_policy_t;
+
+/* KEEL_MESH: whether the purger meshes sparse slab pages (docs/meshing.md). */
+typedef enum keel_mesh_policy_e {
+  KEEL_MESH_OFF = 0,
+  KEEL_MESH_ON = 1,   /* only with a write barrier the kernel's own writes respect too */
+  KEEL_MESH_USER = 2, /* also with a user-mode barrier: a read(2) into a block being
+                         meshed then fails with EFAULT instead of waiting */
+} keel_mesh_policy_t;
 
 extern keel_options_t _keel_options KEEL_INTERNAL;
 void _keel_options_init(void) KEEL_INTERNAL;

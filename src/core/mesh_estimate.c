@@ -12,8 +12,6 @@
  * are not free there, so they count as used, as a real mesher must treat them. */
 #include "core/internal.h"
 
-#define MESH_MAX_BLOCK 2048u  /* larger blocks: a page touches at most two */
-#define MESH_MAX_PAGE ((size_t)16 << 10)
 #define MESH_PROBES 64u
 #define MESH_FULL_PERCENT 80u /* pages fuller than this are not worth a view */
 
@@ -177,8 +175,9 @@ static void match_pairs(const uint64_t* masks, uint32_t m, unsigned wc, uint32_t
     if (sp->partner[k] != NONE) sp->prev_partner[sp->cand_slab[k]] = sp->cand_slab[sp->partner[k]];
 }
 
-/* Copies the bitmaps of cls's ordinary partial slabs into the scratch (after `reserve`
- * bytes of it). Returns the number copied, or UINT32_MAX if the scratch is too small. */
+/* Copies the bitmaps of cls's ordinary partial slabs into the scratch, followed by each
+ * slab's address, leaving reserve_per_slab bytes a slab after them. Returns the number
+ * copied (the slab refills come from first), or UINT32_MAX if no scratch memory. */
 static uint32_t copy_bitmaps(unsigned cls, scratch_t* s, size_t reserve_per_slab, uint64_t* slabs) {
   keel_central_t* cl = &_keel_central[cls];
   unsigned words = (_keel_classes[cls].count + 63) / 64;
@@ -186,11 +185,15 @@ static uint32_t copy_bitmaps(unsigned cls, scratch_t* s, size_t reserve_per_slab
     keel_lock(&cl->lock);
     uint32_t n = 0;
     for (keel_slab_t* sl = cl->partial; sl != NULL; sl = sl->next) n++;
-    size_t need = (size_t)n * (words * sizeof(uint64_t) + reserve_per_slab);
+    size_t need = (size_t)n * (words * sizeof(uint64_t) + sizeof(uintptr_t) + reserve_per_slab);
     if (need <= s->bytes) {
       uint64_t* dst = (uint64_t*)s->base;
-      for (keel_slab_t* sl = cl->partial; sl != NULL; sl = sl->next, dst += words)
+      uintptr_t* base = (uintptr_t*)s->base + (size_t)n * words;
+      for (keel_slab_t* sl = cl->partial; sl != NULL; sl = sl->next, dst += words) {
         memcpy(dst, sl->free_bits, words * sizeof(uint64_t));
+        keel_chunk_t* c = keel_chunk_of(sl);
+        *base++ = (uintptr_t)keel_unit_addr(c, (unsigned)(sl - c->units));
+      }
       *slabs = cl->slabs;
       keel_unlock(&cl->lock);
       return n;
@@ -200,7 +203,10 @@ static uint32_t copy_bitmaps(unsigned cls, scratch_t* s, size_t reserve_per_slab
   }
 }
 
-static void estimate_class(unsigned cls, scratch_t* s, uint64_t* rng, keel_mesh_estimate_t* e) {
+/* The estimate for one class (visit NULL), or the plan: the same search and pairing,
+ * each pair handed to visit (groups of more than two are only estimated). */
+static bool plan_class(unsigned cls, scratch_t* s, uint64_t* rng, keel_mesh_estimate_t* e,
+                       keel_mesh_visit_t visit, void* ctx) {
   const keel_class_t* k = &_keel_classes[cls];
   size_t page = _keel_page_size, slab_bytes = (size_t)k->units << KEEL_UNIT_SHIFT;
   unsigned words = (k->count + 63) / 64;
@@ -215,9 +221,10 @@ static void estimate_class(unsigned cls, scratch_t* s, uint64_t* rng, keel_mesh_
   e->block_size = k->size;
   size_t pages_per_slab = slab_bytes / page;
   e->pages = slabs * pages_per_slab;
-  if (n == UINT32_MAX) return; /* no scratch memory: report the size only */
+  if (n == UINT32_MAX) return false; /* no scratch memory: report the size only */
   const uint64_t* bitmaps = (const uint64_t*)s->base;
-  uint64_t* masks = (uint64_t*)s->base + (size_t)n * words;
+  const uintptr_t* bases = (const uintptr_t*)s->base + (size_t)n * words;
+  uint64_t* masks = (uint64_t*)(bases + n);
   match_space_t sp;
   sp.unions = masks + (size_t)n * wc_max;
   sp.open = (uint32_t*)(sp.unions + (size_t)n * wc_max);
@@ -239,7 +246,8 @@ static void estimate_class(unsigned cls, scratch_t* s, uint64_t* rng, keel_mesh_
     if (last >= k->count) last = k->count - 1;
     uint32_t nb = last - first + 1, m = 0;
     unsigned wc = (nb + 63) / 64;
-    for (uint32_t i = 0; i < n; i++) {
+    /* A plan leaves out slab 0, the one refills come from: it would be written soon. */
+    for (uint32_t i = visit ? 1 : 0; i < n; i++) {
       uint64_t* out = masks + (size_t)m * wc;
       unsigned used = used_mask(bitmaps + (size_t)i * words, words, first, nb, out, wc);
       sp.cand_of[i] = NONE;
@@ -252,20 +260,40 @@ static void estimate_class(unsigned cls, scratch_t* s, uint64_t* rng, keel_mesh_
     }
     e->candidates += m;
     match_pairs(masks, m, wc, n, &sp, rng, e);
-    match_groups(masks, m, wc, &sp, rng, e);
+    if (visit == NULL) {
+      match_groups(masks, m, wc, &sp, rng, e);
+      continue;
+    }
+    for (uint32_t c = 0; c < m; c++) {
+      uint32_t p = sp.partner[c];
+      if (p == NONE || p < c) continue;
+      if (!visit(ctx, cls, bases[sp.cand_slab[c]] + j * page, bases[sp.cand_slab[p]] + j * page))
+        return true;
+    }
   }
+  return true;
+}
+
+bool _keel_mesh_plan(unsigned cls, keel_mesh_visit_t visit, void* ctx) {
+  scratch_t s = {NULL, 0};
+  if (!scratch_reserve(&s, _keel_page_size)) return false;
+  static uint64_t rng = 0x2545F4914F6CDD1Dull; /* the mesh lock is held */
+  keel_mesh_estimate_t e;
+  bool ok = plan_class(cls, &s, &rng, &e, visit, ctx);
+  _keel_prim_unmap(s.base, s.bytes);
+  return ok;
 }
 
 KEEL_API size_t keel_mesh_estimate(keel_mesh_estimate_t* out, size_t max) {
   keel_ensure_init();
-  if (_keel_page_size > MESH_MAX_PAGE || out == NULL) return 0;
+  if (_keel_page_size > KEEL_MESH_MAX_PAGE || out == NULL) return 0;
   scratch_t s = {NULL, 0};
   if (!scratch_reserve(&s, _keel_page_size)) return 0;
   uint64_t rng = 0x9E3779B97F4A7C15ull;
   size_t n = 0;
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES && n < max; cls++) {
-    if (_keel_classes[cls].size > MESH_MAX_BLOCK) break;
-    estimate_class(cls, &s, &rng, &out[n]);
+    if (_keel_classes[cls].size > KEEL_MESH_MAX_BLOCK) break;
+    plan_class(cls, &s, &rng, &out[n], NULL, NULL);
     if (out[n].pages) n++;
   }
   _keel_prim_unmap(s.base, s.bytes);

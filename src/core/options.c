@@ -28,13 +28,14 @@ keel_options_t _keel_options = {
     .profile_leaks = false,
     .profile_prefix = "/tmp/keel-profile",
     .thp = KEEL_THP_SYSTEM,
+    .mesh = KEEL_MESH_OFF,
     .check_guard = 0,
 };
 
 /* The program's configuration string, if it defines one (weak: most do not). */
 extern const char* keel_conf __attribute__((weak, visibility("default")));
 
-typedef enum { K_MS, K_SIZE, K_BOOL, K_THP, K_PATH } opt_kind_t;
+typedef enum { K_MS, K_SIZE, K_BOOL, K_ENUM, K_PATH } opt_kind_t;
 
 /* When a value may change. */
 typedef enum {
@@ -48,32 +49,35 @@ typedef struct {
   opt_kind_t kind;
   opt_when_t when;
   void* field;
+  const char* const* names; /* K_ENUM: the values' names, by value, NULL-terminated */
 } opt_t;
 
+static const char* const THP_NAMES[] = {"system", "always", "never", NULL};
+static const char* const MESH_NAMES[] = {"off", "on", "user", NULL};
+
 static const opt_t OPTS[] = {
-    {"purge_delay", K_MS, AT_ANY_TIME, &_keel_options.purge_delay_ms},
-    {"tcache_max", K_SIZE, AT_ANY_TIME, &_keel_options.tcache_bytes},
-    {"huge_page_size", K_SIZE, AT_START, &_keel_options.huge_page_size},
-    {"thp", K_THP, AT_ANY_TIME, &_keel_options.thp},
-    {"stats", K_BOOL, AT_ANY_TIME, &_keel_options.stats_at_exit},
-    {"background_purge", K_BOOL, AT_ANY_TIME, &_keel_options.background_purge},
-    {"check", K_BOOL, AT_START, &_keel_options.check},
-    {"check_guard", K_SIZE, AT_ANY_TIME, &_keel_options.check_guard},
-    {"publish", K_BOOL, AT_ANY_TIME, &_keel_options.publish},
-    {"profile_rate", K_SIZE, AT_START_ON, &_keel_options.profile_rate},
-    {"profile_growth", K_SIZE, AT_ANY_TIME, &_keel_options.profile_growth},
-    {"profile_at_exit", K_BOOL, AT_ANY_TIME, &_keel_options.profile_at_exit},
-    {"profile_leaks", K_BOOL, AT_ANY_TIME, &_keel_options.profile_leaks},
-    {"profile_prefix", K_PATH, AT_ANY_TIME, &_keel_options.profile_prefix},
+    {"purge_delay", K_MS, AT_ANY_TIME, &_keel_options.purge_delay_ms, NULL},
+    {"tcache_max", K_SIZE, AT_ANY_TIME, &_keel_options.tcache_bytes, NULL},
+    {"huge_page_size", K_SIZE, AT_START, &_keel_options.huge_page_size, NULL},
+    {"thp", K_ENUM, AT_ANY_TIME, &_keel_options.thp, THP_NAMES},
+    {"mesh", K_ENUM, AT_ANY_TIME, &_keel_options.mesh, MESH_NAMES},
+    {"stats", K_BOOL, AT_ANY_TIME, &_keel_options.stats_at_exit, NULL},
+    {"background_purge", K_BOOL, AT_ANY_TIME, &_keel_options.background_purge, NULL},
+    {"check", K_BOOL, AT_START, &_keel_options.check, NULL},
+    {"check_guard", K_SIZE, AT_ANY_TIME, &_keel_options.check_guard, NULL},
+    {"publish", K_BOOL, AT_ANY_TIME, &_keel_options.publish, NULL},
+    {"profile_rate", K_SIZE, AT_START_ON, &_keel_options.profile_rate, NULL},
+    {"profile_growth", K_SIZE, AT_ANY_TIME, &_keel_options.profile_growth, NULL},
+    {"profile_at_exit", K_BOOL, AT_ANY_TIME, &_keel_options.profile_at_exit, NULL},
+    {"profile_leaks", K_BOOL, AT_ANY_TIME, &_keel_options.profile_leaks, NULL},
+    {"profile_prefix", K_PATH, AT_ANY_TIME, &_keel_options.profile_prefix, NULL},
 };
 #define NOPTS (sizeof OPTS / sizeof OPTS[0])
 
-static const char* const THP_NAMES[] = {"system", "always", "never"};
 static const char* const KIND_HINT[] = {
     [K_MS] = "milliseconds, or seconds with an s suffix",
     [K_SIZE] = "a size like 512K, 4M",
     [K_BOOL] = "1/0, on/off",
-    [K_THP] = "system, always or never",
     [K_PATH] = "a path prefix",
 };
 
@@ -128,10 +132,13 @@ static bool parse_bool(const char* v, bool* out) {
   return false;
 }
 
-static bool parse_thp(const char* v, int* out) {
-  for (int i = 0; i < 3; i++)
-    if (eq(v, THP_NAMES[i])) return *out = i, true;
-  if (eq(v, "default")) return *out = KEEL_THP_SYSTEM, true;
+/* One of o's names; "default" is THP's first, and a boolean switches KEEL_MESH. */
+static bool parse_enum(const opt_t* o, const char* v, int* out) {
+  for (int i = 0; o->names[i] != NULL; i++)
+    if (eq(v, o->names[i])) return *out = i, true;
+  bool b;
+  if (o->names == THP_NAMES && eq(v, "default")) return *out = KEEL_THP_SYSTEM, true;
+  if (o->names == MESH_NAMES && parse_bool(v, &b)) return *out = b ? KEEL_MESH_ON : KEEL_MESH_OFF, true;
   return false;
 }
 
@@ -148,7 +155,7 @@ static bool parse(const opt_t* o, const char* v, opt_value_t* out) {
     case K_MS: return parse_ms(v, &out->u);
     case K_SIZE: return parse_size(v, &out->u);
     case K_BOOL: return parse_bool(v, &out->b);
-    case K_THP: return parse_thp(v, &out->e);
+    case K_ENUM: return parse_enum(o, v, &out->e);
     case K_PATH:
       out->s = v;
       return v[0] != 0 && strlen(v) < sizeof _keel_options.profile_prefix;
@@ -162,7 +169,7 @@ static void store(const opt_t* o, const opt_value_t* v) {
     case K_MS:
     case K_SIZE: __atomic_store_n((uint64_t*)o->field, v->u, __ATOMIC_RELAXED); break;
     case K_BOOL: __atomic_store_n((bool*)o->field, v->b, __ATOMIC_RELAXED); break;
-    case K_THP: __atomic_store_n((int*)o->field, v->e, __ATOMIC_RELAXED); break;
+    case K_ENUM: __atomic_store_n((int*)o->field, v->e, __ATOMIC_RELAXED); break;
     case K_PATH: {
       char* dst = (char*)o->field;
       size_t n = strlen(v->s);
@@ -182,7 +189,14 @@ static void warn_bad(const char* where, const opt_t* o) {
   char msg[160];
   keel_buf_t b = {msg, 0, sizeof msg};
   _keel_buf_str(&b, "ignoring bad value (want ");
-  _keel_buf_str(&b, KIND_HINT[o->kind]);
+  if (o->kind == K_ENUM) {
+    for (int i = 0; o->names[i] != NULL; i++) {
+      if (i) _keel_buf_str(&b, o->names[i + 1] ? ", " : " or ");
+      _keel_buf_str(&b, o->names[i]);
+    }
+  } else {
+    _keel_buf_str(&b, KIND_HINT[o->kind]);
+  }
   _keel_buf_str(&b, ") of ");
   _keel_buf_str(&b, where);
   _keel_warn(msg, o->name);
@@ -227,7 +241,7 @@ static void read_env(const opt_t* o) {
   if (!_keel_prim_getenv(var, value, sizeof value)) return;
   opt_value_t v;
   if (parse(o, value, &v)) store(o, &v);
-  else warn_bad("", &(opt_t){var, o->kind, o->when, o->field});
+  else warn_bad("", &(opt_t){var, o->kind, o->when, o->field, o->names});
 }
 
 void _keel_options_init(void) {
@@ -242,7 +256,7 @@ static bool same_value(const opt_t* o, const opt_value_t* v) {
     case K_MS:
     case K_SIZE: return *(uint64_t*)o->field == v->u;
     case K_BOOL: return *(bool*)o->field == v->b;
-    case K_THP: return *(int*)o->field == v->e;
+    case K_ENUM: return *(int*)o->field == v->e;
     case K_PATH: return eq((const char*)o->field, v->s);
   }
   return false;
@@ -277,7 +291,7 @@ KEEL_API int keel_option_get(const char* name, char* buf, size_t size) {
     case K_MS:
     case K_SIZE: _keel_buf_u64(&b, __atomic_load_n((uint64_t*)o->field, __ATOMIC_RELAXED)); break;
     case K_BOOL: _keel_buf_str(&b, __atomic_load_n((bool*)o->field, __ATOMIC_RELAXED) ? "1" : "0"); break;
-    case K_THP: _keel_buf_str(&b, THP_NAMES[__atomic_load_n((int*)o->field, __ATOMIC_RELAXED)]); break;
+    case K_ENUM: _keel_buf_str(&b, o->names[__atomic_load_n((int*)o->field, __ATOMIC_RELAXED)]); break;
     case K_PATH: _keel_buf_str(&b, (const char*)o->field); break;
   }
   if (buf == NULL || size <= b.len) return ERANGE;

@@ -87,6 +87,7 @@ void _keel_verify(void) {
       VERIFY(s->used < kc->count);
     }
   }
+  _keel_mesh_verify();
   _keel_pageheap_unlock_all();
   _keel_central_unlock_all();
   /* The calling thread's own cache (other threads' caches change under our feet). */

@@ -65,6 +65,7 @@ void _keel_prim_fail_maps(long count);
 
 /* -- time, randomness, identity ------------------------------------------------------ */
 uint64_t _keel_prim_clock_ms(void); /* monotonic milliseconds (coarse clock) */
+uint64_t _keel_prim_clock_ns(void); /* monotonic nanoseconds (precise: a vDSO call) */
 uint64_t _keel_prim_random(void);   /* 64 unpredictable bits; never blocks */
 int _keel_prim_getpid(void);
 
@@ -134,7 +135,7 @@ bool _keel_prim_code_range(const void* addr, uintptr_t* lo, uintptr_t* hi);
 bool _keel_prim_symbolize(const void* addr, char* buf, size_t size);
 /* Opens `path` for writing (created 0600, truncated); returns a descriptor or -1. */
 int _keel_prim_open_write(const char* path);
-void _keel_prim_close(int fd);
+void _keel_prim_close(int fd); /* (a negative fd is ignored) */
 /* Appends the contents of the file `path` to descriptor fd (e.g. /proc/self/maps). */
 void _keel_prim_copy_file(const char* path, int fd);
 
@@ -187,5 +188,19 @@ bool _keel_prim_barrier_arm(int barrier, void* addr, size_t len);
 bool _keel_prim_barrier_wake(int barrier, void* addr, size_t len);
 /* Unprotects and unregisters a range that is still armed (an operation given up). */
 bool _keel_prim_barrier_disarm(int barrier, void* addr, size_t len);
+
+/* The kernel's limit on a process's mappings (vm.max_map_count; 0 if unknown), and how
+ * many this process has now (lines of /proc/self/maps; 0 if unknown). */
+uint64_t _keel_prim_map_limit(void);
+uint64_t _keel_prim_map_count(void);
+/* An identity for what descriptor fd refers to (device and inode), 0 if fd is not open:
+ * a program that closes descriptors it does not know about (daemons do) may get the
+ * number back for a file of its own, which Keel must then not write to. */
+uint64_t _keel_prim_fd_identity(int fd);
+/* A pipe whose read end sees end-of-file once every copy of the write end is closed:
+ * fds[0] read end (non-blocking), fds[1] write end; both close-on-exec. */
+bool _keel_prim_pipe(int fds[2]);
+/* True once every write end of the pipe is closed (read gives end-of-file). */
+bool _keel_prim_pipe_closed(int read_fd);
 
 #endif /* KEEL_PRIM_H */

@@ -206,6 +206,12 @@ uint64_t _keel_prim_clock_ms(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+uint64_t _keel_prim_clock_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 uint64_t _keel_prim_random(void) {
   uint64_t v = 0;
   int saved = errno;
@@ -483,7 +489,7 @@ int _keel_prim_open_write(const char* path) {
 
 void _keel_prim_close(int fd) {
   int saved = errno;
-  close(fd);
+  if (fd >= 0) close(fd);
   errno = saved;
 }
 
@@ -749,4 +755,56 @@ bool _keel_prim_barrier_disarm(int barrier, void* addr, size_t len) {
   ok = ioctl(barrier, UFFDIO_UNREGISTER, &wp.range) == 0 && ok;
   errno = saved;
   return ok;
+}
+
+uint64_t _keel_prim_map_limit(void) {
+  int saved = errno;
+  char buf[32];
+  long got = read_small_file("/proc/sys/vm/max_map_count", buf, sizeof buf);
+  errno = saved;
+  if (got <= 0) return 0;
+  uint64_t v = 0;
+  for (const char* c = buf; *c >= '0' && *c <= '9'; c++) v = v * 10 + (uint64_t)(*c - '0');
+  return v;
+}
+
+uint64_t _keel_prim_map_count(void) {
+  int saved = errno;
+  int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  uint64_t lines = 0;
+  if (fd >= 0) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR))
+      for (ssize_t i = 0; i < n; i++) lines += buf[i] == '\n';
+    close(fd);
+  }
+  errno = saved;
+  return lines;
+}
+
+uint64_t _keel_prim_fd_identity(int fd) {
+  int saved = errno;
+  struct stat st;
+  uint64_t id = fd >= 0 && fstat(fd, &st) == 0 ? ((uint64_t)st.st_dev << 40) ^ (uint64_t)st.st_ino ^ 1 : 0;
+  errno = saved;
+  return id;
+}
+
+bool _keel_prim_pipe(int fds[2]) {
+  int saved = errno;
+  bool ok = pipe2(fds, O_CLOEXEC) == 0;
+  if (ok) fcntl(fds[0], F_SETFL, O_NONBLOCK);
+  errno = saved;
+  return ok;
+}
+
+bool _keel_prim_pipe_closed(int read_fd) {
+  int saved = errno;
+  char c;
+  ssize_t n;
+  do n = read(read_fd, &c, 1);
+  while (n < 0 && errno == EINTR);
+  errno = saved;
+  return n == 0; /* EAGAIN: a writer still holds it */
 }

@@ -1,0 +1,560 @@
+/* mesh.c -- meshing: giving back memory that deletes left scattered over slabs.
+ *
+ * After random deletes every slab of a class still holds a few live blocks, so no page
+ * is wholly free. When page j of slab A and page j of slab B (two slabs of a class share
+ * one layout) have no block in use at the same index, both can be served by one
+ * physical page: their blocks are copied into one page of a memory file, and both
+ * addresses become private views of it (docs/meshing.md, the design and its figures).
+ *
+ * Why this is correct without telling the program:
+ * - A view is MAP_PRIVATE. Reading it reads the shared file page; the first write to it
+ *   gives that address its own copy again (copy-on-write). So each address keeps the
+ *   meaning of a page of its own: A's blocks read what A wrote, a block A allocates
+ *   later at an offset where B has data is written before it is read (or zeroed by
+ *   calloc), and nothing written through A is ever seen through B. A written view is
+ *   "eroded": correct, only no longer sharing. Across fork, the kernel's copy-on-write
+ *   gives the child a snapshot, as for any private memory.
+ * - While the page image is built, writers are held at the two pages by a userfaultfd
+ *   write barrier, in the kernel (no signal handler); readers go on reading the old
+ *   page until mmap replaces it atomically. The purger holds the class lock for the
+ *   whole operation, so the one piece of Keel that writes into blocks under a lock,
+ *   slab_take, cannot be waiting on the barrier while the purger needs that lock; every
+ *   other writer (free's link word, the program) holds no Keel lock.
+ * - The file page must not change while anyone may read it through a view: it is
+ *   written once, before the views exist, and released (hole-punched) only when no
+ *   view still reads it - every view eroded or replaced - and no child process forked
+ *   since may map it (a pipe per fork tells when those children are gone).
+ * - Memory that leaves a slab goes back to the page heap as anonymous memory again
+ *   (_keel_mesh_leave), because the page heap counts on purged memory reading zero.
+ *
+ * Off by default (KEEL_MESH=on): its cost is one kernel mapping per view (the kernel
+ * limits them, vm.max_map_count) and purger time, and RSS does not show its gain -
+ * VmRSS counts a shared page once per view; PSS and the cgroup's memory do.
+ * Offset in the file = group number x page size, so the file needs no allocator. */
+#include "core/internal.h"
+
+#define GROUPS_MAX ((uint32_t)1 << 20) /* file pages (the file is sparse) */
+#define PIPES_MAX 16u                  /* children we can wait for */
+#define SWEEP_PER_TICK 4096u           /* views checked for erosion per pass */
+#define PASS_BUDGET_NS (50u * 1000 * 1000) /* purger time per tick (of 250 ms) */
+#define BUDGET_TICKS 40u               /* re-read the mapping budget every ~10 s */
+
+enum { G_FREE = 0, G_SHARED, G_PUNCHED };
+
+typedef struct mesh_group_s {
+  uintptr_t page[2]; /* the views (0: replaced by fresh memory) */
+  uint32_t next_free;
+  uint8_t state;
+  uint8_t eroded; /* bit m: view m was written (it has a private copy) */
+} mesh_group_t;
+
+static keel_lock_t mesh_lock;  /* one pass at a time; before the central locks */
+static keel_lock_t table_lock; /* groups, view table, counters: innermost */
+
+static int file_fd = -1, barrier_fd = -1, barrier_mode = -1;
+static uint64_t file_id, barrier_id;
+static bool disabled;    /* refused for good: no barrier, no file, or a forked child */
+static bool in_child;    /* a forked child: leaves views but never meshes or releases */
+static bool warned;
+
+static mesh_group_t* groups; /* GROUPS_MAX entries, reserved, touched as used */
+static uint32_t groups_top, free_head = UINT32_MAX;
+/* View table: page address -> group << 1 | member, open addressing, linear probing. */
+static uintptr_t* view_keys;
+static uint32_t* view_vals;
+static size_t view_slots; /* a power of two, or 0 */
+
+static int pipes[PIPES_MAX]; /* read ends: one per fork while views existed */
+static unsigned npipes;
+static bool lost_child; /* a child we could not track: nothing is released any more */
+static int new_pipe[2] = {-1, -1};
+
+static uint64_t view_cap, budget_tick;
+static uint32_t sweep_cursor;
+static uint64_t last_plan[KEEL_NUM_CLASSES];
+static _Alignas(64) unsigned char image[KEEL_MESH_MAX_PAGE];
+
+static keel_mesh_stats_t st; /* counters under table_lock */
+
+/* ---- the view table -------------------------------------------------------------- */
+
+static size_t slot_of(uintptr_t page) {
+  return (size_t)(((uint64_t)page * 0x9E3779B97F4A7C15ull) >> 20) & (view_slots - 1);
+}
+
+static size_t view_find(uintptr_t page) {
+  if (view_slots == 0) return SIZE_MAX;
+  for (size_t i = slot_of(page);; i = (i + 1) & (view_slots - 1)) {
+    if (view_keys[i] == page) return i;
+    if (view_keys[i] == 0) return SIZE_MAX;
+  }
+}
+
+static void view_put_raw(uintptr_t page, uint32_t val) {
+  size_t i = slot_of(page);
+  while (view_keys[i] != 0) i = (i + 1) & (view_slots - 1);
+  view_keys[i] = page;
+  view_vals[i] = val;
+}
+
+/* Room for `more` views at a load of at most a half; false if no memory. */
+static bool view_reserve(uint64_t more) {
+  uint64_t need = (st.views + more) * 2;
+  if (need <= view_slots) return true;
+  size_t slots = view_slots ? view_slots : 4096;
+  while (slots < need) slots *= 2;
+  uintptr_t* keys = (uintptr_t*)_keel_prim_map(slots * sizeof(uintptr_t), 0, NULL);
+  uint32_t* vals = keys ? (uint32_t*)_keel_prim_map(slots * sizeof(uint32_t), 0, NULL) : NULL;
+  if (vals == NULL) {
+    if (keys) _keel_prim_unmap(keys, slots * sizeof(uintptr_t));
+    return false;
+  }
+  uintptr_t* old_keys = view_keys;
+  uint32_t* old_vals = view_vals;
+  size_t old_slots = view_slots;
+  view_keys = keys;
+  view_vals = vals;
+  view_slots = slots;
+  for (size_t i = 0; i < old_slots; i++)
+    if (old_keys[i]) view_put_raw(old_keys[i], old_vals[i]);
+  if (old_keys) {
+    _keel_prim_unmap(old_keys, old_slots * sizeof(uintptr_t));
+    _keel_prim_unmap(old_vals, old_slots * sizeof(uint32_t));
+  }
+  return true;
+}
+
+/* Removes slot i, moving later entries of its probe run back (no tombstones). */
+static void view_del(size_t i) {
+  size_t mask = view_slots - 1;
+  view_keys[i] = 0;
+  for (size_t j = (i + 1) & mask; view_keys[j] != 0; j = (j + 1) & mask) {
+    size_t home = slot_of(view_keys[j]);
+    /* Entry j may fill the hole at i unless its home lies cyclically in (i, j]. */
+    bool stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+    if (stays) continue;
+    view_keys[i] = view_keys[j];
+    view_vals[i] = view_vals[j];
+    view_keys[j] = 0;
+    i = j;
+  }
+}
+
+/* ---- groups ------------------------------------------------------------------------ */
+
+static uint32_t group_new(void) {
+  if (groups == NULL) {
+    groups = (mesh_group_t*)_keel_prim_map((size_t)GROUPS_MAX * sizeof(mesh_group_t), 0, NULL);
+    if (groups == NULL) return UINT32_MAX;
+  }
+  uint32_t g = free_head;
+  if (g != UINT32_MAX) free_head = groups[g].next_free;
+  else if (groups_top < GROUPS_MAX) g = groups_top++;
+  return g;
+}
+
+static void group_free(uint32_t g) {
+  groups[g].state = G_FREE;
+  groups[g].next_free = free_head;
+  free_head = g;
+  st.groups--;
+}
+
+static uint64_t group_offset(uint32_t g) { return (uint64_t)g * _keel_page_size; }
+
+/* Table lock held. Whether the file page of g may be released now: no view reads it and
+ * no forked child may map it. */
+static bool group_releasable(const mesh_group_t* gr) {
+  if (in_child || lost_child || npipes > 0) return false;
+  for (unsigned m = 0; m < 2; m++)
+    if (gr->page[m] && !(gr->eroded >> m & 1)) return false;
+  return true;
+}
+
+/* ---- leaving: a view whose blocks are all free becomes fresh memory ------------------ */
+
+bool _keel_mesh_leave(void* addr, size_t len) {
+  size_t page = _keel_page_size;
+  bool ok = true;
+  for (uintptr_t p = (uintptr_t)addr; p < (uintptr_t)addr + len; p += page) {
+    keel_lock(&table_lock);
+    size_t i = view_find(p);
+    keel_unlock(&table_lock);
+    if (i == SIZE_MAX) continue;
+    /* The class lock is held: nothing can be allocated on this page meanwhile. */
+    if (!_keel_prim_map_fresh((void*)p, page)) {
+      ok = false;
+      continue;
+    }
+    keel_lock(&table_lock);
+    i = view_find(p);
+    uint32_t v = view_vals[i], g = v >> 1;
+    mesh_group_t* gr = &groups[g];
+    gr->page[v & 1] = 0;
+    gr->eroded &= (uint8_t)~(1u << (v & 1));
+    view_del(i);
+    st.views--;
+    st.left++;
+    /* A group whose file page is already released ends with its last view; one still
+     * holding it waits for the pass, which may release it (never from here: this runs
+     * inside free(), and a child may still map the page). */
+    if (gr->page[0] == 0 && gr->page[1] == 0 && gr->state == G_PUNCHED) group_free(g);
+    keel_unlock(&table_lock);
+  }
+  return ok;
+}
+
+/* ---- the operation ----------------------------------------------------------------- */
+
+static inline bool block_free(const keel_slab_t* s, uint32_t i) {
+  return (s->free_bits[i / 64] >> (i % 64)) & 1;
+}
+
+/* Mesh lock held. Page a of one slab and page b (same index) of another, both class
+ * cls: if their blocks in use are still disjoint, both become views of one file page. */
+static bool mesh_pair(unsigned cls, uintptr_t a, uintptr_t b) {
+  keel_central_t* cl = &_keel_central[cls];
+  const keel_class_t* k = &_keel_classes[cls];
+  size_t page = _keel_page_size;
+  bool meshed = false;
+  keel_lock(&cl->lock);
+  /* The plan was made unlocked: the page map says whether both are still slabs of cls
+   * (it is set and cleared under this lock), and the bitmaps are read again. */
+  if (keel_pagemap_get((void*)a) != cls || keel_pagemap_get((void*)b) != cls) goto out;
+  keel_chunk_t *ca = keel_chunk_of((void*)a), *cb = keel_chunk_of((void*)b);
+  keel_slab_t *sa = keel_span_head(ca, keel_unit_index((void*)a));
+  keel_slab_t *sb = keel_span_head(cb, keel_unit_index((void*)b));
+  if (sa == sb || sa == cl->partial || sb == cl->partial) goto out;
+  uintptr_t base_a = (uintptr_t)keel_unit_addr(ca, (unsigned)(sa - ca->units));
+  uintptr_t base_b = (uintptr_t)keel_unit_addr(cb, (unsigned)(sb - cb->units));
+  size_t off = a - base_a;
+  if (off != b - base_b || off % page) goto out;
+  uint32_t first = (uint32_t)(off / k->size), last = (uint32_t)((off + page - 1) / k->size);
+  if (first >= k->count) goto out;
+  if (last >= k->count) last = k->count - 1;
+  uint32_t used_a = 0, used_b = 0;
+  for (uint32_t i = first; i <= last; i++) {
+    bool ua = !block_free(sa, i), ub = !block_free(sb, i);
+    if (ua && ub) goto out;
+    used_a += ua;
+    used_b += ub;
+  }
+  if (used_a == 0 || used_b == 0) goto out; /* a wholly free page is purged instead */
+
+  keel_lock(&table_lock);
+  uint32_t g = UINT32_MAX;
+  if (st.views + 2 <= view_cap && view_find(a) == SIZE_MAX && view_find(b) == SIZE_MAX &&
+      view_reserve(2))
+    g = group_new();
+  keel_unlock(&table_lock);
+  if (g == UINT32_MAX) goto out;
+
+  uint64_t t0 = _keel_prim_clock_ns();
+  bool armed_a = _keel_prim_barrier_arm(barrier_fd, (void*)a, page);
+  bool armed_b = armed_a && _keel_prim_barrier_arm(barrier_fd, (void*)b, page);
+  bool view_a = false, view_b = false;
+  if (armed_b) {
+    /* A's page, then B's blocks in use (clipped to the page) over A's free ones. */
+    memcpy(image, (const void*)a, page);
+    for (uint32_t i = first; i <= last; i++) {
+      if (block_free(sb, i)) continue;
+      size_t lo = (size_t)i * k->size, hi = lo + k->size;
+      if (lo < off) lo = off;
+      if (hi > off + page) hi = off + page;
+      memcpy(image + (lo - off), (const void*)(base_b + lo), hi - lo);
+    }
+    if (_keel_prim_file_write(file_fd, group_offset(g), image, page)) {
+      view_a = _keel_prim_map_view((void*)a, page, file_fd, group_offset(g));
+      view_b = view_a && _keel_prim_map_view((void*)b, page, file_fd, group_offset(g));
+    }
+  }
+  /* A replaced range lost its registration with the mapping; one still armed is given
+   * back. Either way its waiting writers are woken. */
+  if (armed_a && !view_a) _keel_prim_barrier_disarm(barrier_fd, (void*)a, page);
+  if (armed_b && !view_b) _keel_prim_barrier_disarm(barrier_fd, (void*)b, page);
+  if (view_a) _keel_prim_barrier_wake(barrier_fd, (void*)a, page);
+  if (view_b) _keel_prim_barrier_wake(barrier_fd, (void*)b, page);
+  uint64_t ns = _keel_prim_clock_ns() - t0;
+
+  keel_lock(&table_lock);
+  st.busy_ns += ns;
+  if (ns > st.longest_ns) st.longest_ns = ns;
+  if (!view_a) { /* nothing changed: the file page may hold the image, never read */
+    if (file_fd >= 0) _keel_prim_file_release(file_fd, group_offset(g), page);
+    groups[g].next_free = free_head;
+    free_head = g;
+    st.failed++;
+  } else {
+    /* With only A a view (B's mapping refused), the group holds A's page alone. */
+    mesh_group_t* gr = &groups[g];
+    gr->page[0] = a;
+    gr->page[1] = view_b ? b : 0;
+    gr->eroded = 0;
+    gr->state = G_SHARED;
+    view_put_raw(a, g << 1);
+    st.views++;
+    if (view_b) {
+      view_put_raw(b, g << 1 | 1);
+      st.views++;
+      st.meshed++;
+      meshed = true;
+    } else {
+      st.failed++;
+    }
+    st.groups++;
+    sa->meshed = 1;
+    sb->meshed = 1;
+  }
+  keel_unlock(&table_lock);
+out:
+  keel_unlock(&cl->lock);
+  return meshed;
+}
+
+/* ---- the pass ------------------------------------------------------------------------ */
+
+/* Mesh lock held: whether meshing can run (opening the file and the barrier the first
+ * time), and the mapping budget. */
+static bool ready(void) {
+  if (disabled) return false;
+  if (_keel_page_size > KEEL_MESH_MAX_PAGE || _keel_options.check) goto refuse;
+  if (barrier_fd < 0) {
+    barrier_fd = _keel_prim_barrier_open(&barrier_mode);
+    file_fd = _keel_prim_file_create((uint64_t)GROUPS_MAX * _keel_page_size);
+    barrier_id = _keel_prim_fd_identity(barrier_fd);
+    file_id = _keel_prim_fd_identity(file_fd);
+    if (barrier_fd < 0 || file_fd < 0) goto refuse;
+  }
+  /* A program that closes descriptors it does not know may get these numbers back for
+   * files of its own: then meshing stops rather than write into them. */
+  if (_keel_prim_fd_identity(file_fd) != file_id || _keel_prim_fd_identity(barrier_fd) != barrier_id) {
+    _keel_warn("meshing stops: its descriptors were closed by the program", "");
+    disabled = true;
+    file_fd = barrier_fd = -1;
+    return false;
+  }
+  int policy = __atomic_load_n(&_keel_options.mesh, __ATOMIC_RELAXED);
+  if (barrier_mode != KEEL_BARRIER_KERNEL && !(policy == KEEL_MESH_USER && barrier_mode == KEEL_BARRIER_USER)) {
+    if (!warned)
+      _keel_warn("KEEL_MESH=on needs userfaultfd for all writes (root, CAP_SYS_PTRACE, access to "
+                 "/dev/userfaultfd, or vm.unprivileged_userfaultfd=1); meshing stays off. "
+                 "KEEL_MESH=user accepts EFAULT from system calls writing into blocks being meshed: ",
+                 barrier_mode == KEEL_BARRIER_USER ? "user-mode barrier only" : "no barrier");
+    warned = true;
+    return false;
+  }
+  st.barrier = (uint32_t)barrier_mode;
+  uint64_t now = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  if (view_cap == 0 || now - budget_tick >= BUDGET_TICKS) {
+    /* Each view is a mapping and may split its slab's mapping once more; meshing keeps
+     * to a third of the kernel's limit, as Mesh does, so the program's own mmap never
+     * fails because of it. */
+    uint64_t limit = _keel_prim_map_limit(), count = _keel_prim_map_count();
+    if (limit == 0) limit = 65530;
+    uint64_t room = limit / 3 > count ? (limit / 3 - count) / 2 : 0;
+    keel_lock(&table_lock);
+    view_cap = st.views + room;
+    st.view_limit = view_cap;
+    keel_unlock(&table_lock);
+    budget_tick = now;
+  }
+  return true;
+refuse:
+  disabled = true;
+  _keel_prim_close(barrier_fd);
+  _keel_prim_close(file_fd);
+  file_fd = barrier_fd = -1;
+  st.barrier = 0;
+  return false;
+}
+
+/* Children forked while views existed: gone once their pipe reads end-of-file. */
+static void reap_children(void) {
+  for (unsigned i = 0; i < npipes;) {
+    if (_keel_prim_pipe_closed(pipes[i])) {
+      _keel_prim_close(pipes[i]);
+      pipes[i] = pipes[--npipes];
+    } else {
+      i++;
+    }
+  }
+}
+
+/* Checks up to SWEEP_PER_TICK views for erosion and releases the file pages no view
+ * reads any more. */
+static void sweep(void) {
+  size_t page = _keel_page_size;
+  for (uint32_t n = 0; n < SWEEP_PER_TICK && groups_top > 0; n++) {
+    uint32_t g = sweep_cursor++ % groups_top;
+    keel_lock(&table_lock);
+    mesh_group_t* gr = &groups[g];
+    uintptr_t pages[2] = {gr->page[0], gr->page[1]};
+    uint8_t state = gr->state, eroded = gr->eroded;
+    keel_unlock(&table_lock);
+    if (state != G_SHARED) continue;
+    uint8_t found = 0;
+    for (unsigned m = 0; m < 2; m++) {
+      uint8_t vs;
+      if (pages[m] && !(eroded >> m & 1) && _keel_prim_view_state((void*)pages[m], 1, &vs) &&
+          vs == KEEL_VIEW_PRIVATE)
+        found |= (uint8_t)(1u << m);
+    }
+    keel_lock(&table_lock);
+    for (unsigned m = 0; m < 2; m++) /* (a view that left meanwhile is not counted) */
+      if ((found >> m & 1) && gr->page[m] == pages[m] && gr->state == G_SHARED) {
+        gr->eroded |= (uint8_t)(1u << m);
+        st.eroded++;
+      }
+    bool release = gr->state == G_SHARED && group_releasable(gr);
+    if (release) {
+      _keel_prim_file_release(file_fd, group_offset(g), page);
+      st.released++;
+      gr->state = G_PUNCHED;
+      if (gr->page[0] == 0 && gr->page[1] == 0) group_free(g);
+    }
+    keel_unlock(&table_lock);
+  }
+}
+
+typedef struct pass_s {
+  uint64_t deadline_ns;
+  size_t meshed;
+  bool stop;
+} pass_t;
+
+static bool visit(void* ctx, unsigned cls, uintptr_t a, uintptr_t b) {
+  pass_t* p = (pass_t*)ctx;
+  if (mesh_pair(cls, a, b)) p->meshed++;
+  keel_lock(&table_lock);
+  bool full = st.views + 2 > view_cap;
+  keel_unlock(&table_lock);
+  if (full || _keel_prim_clock_ns() > p->deadline_ns) p->stop = true;
+  return !p->stop;
+}
+
+/* Worth a plan: the class's slabs hold 1 MiB more than a quarter over its blocks. */
+static bool class_sparse(unsigned cls) {
+  const keel_class_t* k = &_keel_classes[cls];
+  keel_central_t* cl = &_keel_central[cls];
+  uint64_t slab_bytes = __atomic_load_n(&cl->slabs, __ATOMIC_RELAXED) * ((uint64_t)k->units << KEEL_UNIT_SHIFT);
+  uint64_t used = __atomic_load_n(&cl->out, __ATOMIC_RELAXED) * k->size;
+  return slab_bytes > used + used / 4 + ((uint64_t)1 << 20);
+}
+
+static size_t pass(uint64_t budget_ns, bool every_class) {
+  if (!ready()) return 0;
+  reap_children();
+  sweep();
+  if (_keel_thp_purge_granule() > _keel_page_size) return 0; /* never split huge pages */
+  pass_t p = {_keel_prim_clock_ns() + budget_ns, 0, false};
+  uint64_t now = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES && !p.stop; cls++) {
+    if (_keel_classes[cls].size > KEEL_MESH_MAX_BLOCK) break;
+    if (!class_sparse(cls)) continue;
+    /* A class is planned at most once a second by the purger. */
+    if (!every_class && last_plan[cls] && now - last_plan[cls] < 4) continue;
+    last_plan[cls] = now;
+    _keel_mesh_plan(cls, visit, &p);
+  }
+  return p.meshed;
+}
+
+void _keel_mesh_tick(void) {
+  if (__atomic_load_n(&_keel_options.mesh, __ATOMIC_RELAXED) == KEEL_MESH_OFF || disabled) return;
+  keel_lock(&mesh_lock);
+  pass(PASS_BUDGET_NS, false);
+  keel_unlock(&mesh_lock);
+}
+
+KEEL_API size_t keel_mesh_now(void) {
+  keel_ensure_init();
+  if (__atomic_load_n(&_keel_options.mesh, __ATOMIC_RELAXED) == KEEL_MESH_OFF) return 0;
+  keel_lock(&mesh_lock);
+  size_t n = pass(UINT64_MAX / 2, true);
+  keel_unlock(&mesh_lock);
+  return n;
+}
+
+KEEL_API void keel_mesh_stats(keel_mesh_stats_t* out) {
+  if (out == NULL) return;
+  keel_ensure_init();
+  keel_lock(&table_lock);
+  *out = st;
+  keel_unlock(&table_lock);
+  out->state = in_child ? KEEL_MESH_STATE_CHILD
+               : disabled ? KEEL_MESH_STATE_REFUSED
+               : __atomic_load_n(&_keel_options.mesh, __ATOMIC_RELAXED) == KEEL_MESH_OFF ? KEEL_MESH_STATE_OFF
+                                                                                      : KEEL_MESH_STATE_ON;
+  int fd = file_fd;
+  out->file_bytes = fd >= 0 ? _keel_prim_file_resident(fd) : 0;
+}
+
+/* ---- invariants (verify.c, central locks held) ---------------------------------------- */
+
+#define VERIFY(cond) ((cond) ? (void)0 : _keel_fatal_internal(__FILE__, __LINE__, "invariant: " #cond))
+
+void _keel_mesh_verify(void) {
+  keel_lock(&table_lock);
+  uint64_t views = 0, live_groups = 0;
+  for (size_t i = 0; i < view_slots; i++) {
+    uintptr_t p = view_keys[i];
+    if (p == 0) continue;
+    views++;
+    uint32_t v = view_vals[i], g = v >> 1;
+    VERIFY(g < groups_top && groups[g].page[v & 1] == p && groups[g].state != G_FREE);
+    /* A view is a page of a live slab of a meshable class that knows it has views. */
+    unsigned cls = keel_pagemap_get((void*)p);
+    VERIFY(cls >= 1 && cls < KEEL_NUM_CLASSES && _keel_classes[cls].size <= KEEL_MESH_MAX_BLOCK);
+    keel_slab_t* s = keel_span_head(keel_chunk_of((void*)p), keel_unit_index((void*)p));
+    VERIFY(s->state == KEEL_UNIT_SLAB && s->cls == cls && s->meshed);
+  }
+  for (uint32_t g = 0; g < groups_top; g++) {
+    if (groups[g].state == G_FREE) continue;
+    live_groups++;
+    for (unsigned m = 0; m < 2; m++)
+      if (groups[g].page[m]) VERIFY(view_find(groups[g].page[m]) != SIZE_MAX);
+  }
+  VERIFY(views == st.views && live_groups == st.groups);
+  keel_unlock(&table_lock);
+}
+
+/* ---- fork ---------------------------------------------------------------------------- */
+
+/* Before fork, with no operation in flight: a child maps every view as it is now, so
+ * while it lives no file page it may read is released. A pipe tells when it is gone:
+ * the child (and its own children) hold the write end until they exit or exec. */
+void _keel_mesh_lock_all(void) {
+  keel_lock(&mesh_lock);
+  new_pipe[0] = new_pipe[1] = -1;
+  if (st.groups > 0 && !in_child && !lost_child && !_keel_prim_pipe(new_pipe)) lost_child = true;
+}
+
+void _keel_mesh_unlock_all(void) {
+  if (new_pipe[1] >= 0) {
+    _keel_prim_close(new_pipe[1]);
+    if (npipes < PIPES_MAX) pipes[npipes++] = new_pipe[0];
+    else {
+      _keel_prim_close(new_pipe[0]);
+      lost_child = true; /* too many children at once: their file pages stay */
+    }
+  }
+  keel_unlock(&mesh_lock);
+}
+
+void _keel_mesh_table_lock(void) { keel_lock(&table_lock); }
+void _keel_mesh_table_unlock(void) { keel_unlock(&table_lock); }
+
+/* The child keeps the write end (its parent waits for it) and leaves the views it
+ * inherited to the kernel's copy-on-write; it never meshes: its parent owns the file. */
+void _keel_mesh_after_fork_child(void) {
+  keel_lock_reset(&mesh_lock);
+  keel_lock_reset(&table_lock);
+  in_child = true;
+  disabled = true;
+  for (unsigned i = 0; i < npipes; i++) _keel_prim_close(pipes[i]);
+  npipes = 0;
+  if (new_pipe[0] >= 0) _keel_prim_close(new_pipe[0]);
+  _keel_prim_close(file_fd);
+  _keel_prim_close(barrier_fd);
+  file_fd = barrier_fd = -1;
+}
