@@ -171,6 +171,30 @@ static bool group_releasable(const mesh_group_t* gr) {
   return true;
 }
 
+/* Table lock held. Whether page p can mesh: not a view, or a view written since. */
+static bool meshable(uintptr_t p) {
+  size_t i = view_find(p);
+  if (i == SIZE_MAX) return true;
+  uint32_t v = view_vals[i];
+  return groups[v >> 1].eroded >> (v & 1) & 1;
+}
+
+/* Table lock held. View p (if it is one) leaves its group: it maps something else now.
+ * A group whose file page was released ends with its last view; one still holding it
+ * waits for the pass, which may release it (never from inside free(), and a child may
+ * still map the page). */
+static void leave_group(uintptr_t p) {
+  size_t i = view_find(p);
+  if (i == SIZE_MAX) return;
+  uint32_t v = view_vals[i], g = v >> 1;
+  mesh_group_t* gr = &groups[g];
+  gr->page[v & 1] = 0;
+  gr->eroded &= (uint8_t)~(1u << (v & 1));
+  view_del(i);
+  st.views--;
+  if (gr->page[0] == 0 && gr->page[1] == 0 && gr->state == G_PUNCHED) group_free(g);
+}
+
 /* ---- leaving: a view whose blocks are all free becomes fresh memory ------------------ */
 
 bool _keel_mesh_leave(void* addr, size_t len) {
@@ -187,18 +211,8 @@ bool _keel_mesh_leave(void* addr, size_t len) {
       continue;
     }
     keel_lock(&table_lock);
-    i = view_find(p);
-    uint32_t v = view_vals[i], g = v >> 1;
-    mesh_group_t* gr = &groups[g];
-    gr->page[v & 1] = 0;
-    gr->eroded &= (uint8_t)~(1u << (v & 1));
-    view_del(i);
-    st.views--;
+    leave_group(p);
     st.left++;
-    /* A group whose file page is already released ends with its last view; one still
-     * holding it waits for the pass, which may release it (never from here: this runs
-     * inside free(), and a child may still map the page). */
-    if (gr->page[0] == 0 && gr->page[1] == 0 && gr->state == G_PUNCHED) group_free(g);
     keel_unlock(&table_lock);
   }
   return ok;
@@ -241,11 +255,11 @@ static bool mesh_pair(unsigned cls, uintptr_t a, uintptr_t b) {
   }
   if (used_a == 0 || used_b == 0) goto out; /* a wholly free page is purged instead */
 
+  /* A page may be a view already only if it was written since (eroded): then it is a
+   * private page again and may mesh anew, leaving its old group. */
   keel_lock(&table_lock);
   uint32_t g = UINT32_MAX;
-  if (st.views + 2 <= view_cap && view_find(a) == SIZE_MAX && view_find(b) == SIZE_MAX &&
-      view_reserve(2))
-    g = group_new();
+  if (st.views + 2 <= view_cap && meshable(a) && meshable(b) && view_reserve(2)) g = group_new();
   keel_unlock(&table_lock);
   if (g == UINT32_MAX) goto out;
 
@@ -287,6 +301,8 @@ static bool mesh_pair(unsigned cls, uintptr_t a, uintptr_t b) {
   } else {
     /* With only A a view (B's mapping refused), the group holds A's page alone. */
     mesh_group_t* gr = &groups[g];
+    leave_group(a);
+    if (view_b) leave_group(b);
     gr->page[0] = a;
     gr->page[1] = view_b ? b : 0;
     gr->eroded = 0;
