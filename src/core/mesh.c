@@ -368,6 +368,9 @@ static bool ready(void) {
     uint64_t limit = _keel_prim_map_limit(), count = _keel_prim_map_count();
     if (limit == 0) limit = 65530;
     uint64_t room = limit / 3 > count ? (limit / 3 - count) / 2 : 0;
+    /* Under mlockall(MCL_FUTURE) (MariaDB's memlock) a new view is populated for
+     * writing, i.e. copied at once: no new views while memory is locked. */
+    if (_keel_prim_memory_locked()) room = 0;
     keel_lock(&table_lock);
     view_cap = st.views + room;
     st.view_limit = view_cap;

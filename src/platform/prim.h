@@ -193,6 +193,9 @@ bool _keel_prim_barrier_disarm(int barrier, void* addr, size_t len);
  * many this process has now (lines of /proc/self/maps; 0 if unknown). */
 uint64_t _keel_prim_map_limit(void);
 uint64_t _keel_prim_map_count(void);
+/* Whether the process has locked memory (VmLck > 0, e.g. mlockall(MCL_FUTURE)): new
+ * mappings are then populated at once, and a private view would be copied at once. */
+bool _keel_prim_memory_locked(void);
 /* An identity for what descriptor fd refers to (device and inode), 0 if fd is not open:
  * a program that closes descriptors it does not know about (daemons do) may get the
  * number back for a file of its own, which Keel must then not write to. */

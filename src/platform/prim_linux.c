@@ -783,6 +783,17 @@ uint64_t _keel_prim_map_count(void) {
   return lines;
 }
 
+bool _keel_prim_memory_locked(void) {
+  int saved = errno;
+  char buf[4096];
+  long got = read_small_file("/proc/self/status", buf, sizeof buf);
+  errno = saved;
+  const char* p = got > 0 ? strstr(buf, "VmLck:") : NULL;
+  if (p == NULL) return false;
+  for (p += 6; *p == ' ' || *p == '\t'; p++) {}
+  return *p >= '1' && *p <= '9';
+}
+
 uint64_t _keel_prim_fd_identity(int fd) {
   int saved = errno;
   struct stat st;
