@@ -269,6 +269,8 @@ typedef bool (*keel_mesh_visit_t)(void* ctx, unsigned cls, uintptr_t a, uintptr_
  * bitmaps copied under the class lock, matched unlocked) and calls visit per pair; the
  * slab the class refills from is left out. Returns false if scratch memory ran out. */
 bool _keel_mesh_plan(unsigned cls, keel_mesh_visit_t visit, void* ctx) KEEL_INTERNAL;
+/* Whether page p may mesh: not a view, or a view written since it was meshed. */
+bool _keel_mesh_page_meshable(uintptr_t p) KEEL_INTERNAL;
 /* Class lock held: the views among the pages of [addr, addr + len) are replaced by fresh
  * memory (their blocks are all free). Returns false if one could not be (it stays a
  * view: the caller must then keep the memory it is in). */

@@ -179,6 +179,14 @@ static bool meshable(uintptr_t p) {
   return groups[v >> 1].eroded >> (v & 1) & 1;
 }
 
+bool _keel_mesh_page_meshable(uintptr_t p) {
+  if (view_slots == 0) return true; /* (read unlocked: only the pass adds views) */
+  keel_lock(&table_lock);
+  bool ok = meshable(p);
+  keel_unlock(&table_lock);
+  return ok;
+}
+
 /* Table lock held. View p (if it is one) leaves its group: it maps something else now.
  * A group whose file page was released ends with its last view; one still holding it
  * waits for the pass, which may release it (never from inside free(), and a child may

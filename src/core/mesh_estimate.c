@@ -253,7 +253,8 @@ static bool plan_class(unsigned cls, scratch_t* s, uint64_t* rng, keel_mesh_esti
       sp.cand_of[i] = NONE;
       if (used == 0) {
         e->free_pages++;
-      } else if (used * 100 <= nb * MESH_FULL_PERCENT) {
+      } else if (used * 100 <= nb * MESH_FULL_PERCENT &&
+                 (visit == NULL || _keel_mesh_page_meshable(bases[i] + j * page))) {
         sp.cand_of[i] = m;
         sp.cand_slab[m++] = i;
       }
