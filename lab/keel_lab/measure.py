@@ -11,10 +11,18 @@
 RSS is read from /proc/PID/status (VmRSS), which is what `ps`/`top` show and what the
 kernel charges the process for; with children=True the RSS of all descendants is added
 (e.g. PostgreSQL's backends, or a program started through a launcher).
+
+    memory_held_kib(pid)   # RssAnon + RssFile + RssShmem, Keel's meshed pages counted once
+    mesh_views(pid)        # mappings of Keel's mesh memfd (0 without meshing)
+    pss_kib(pid)           # Pss from /proc/PID/smaps_rollup
+
+Under Keel with KEEL_MESH=on, VmRSS counts a meshed page once per virtual page mapping
+it, so it does not fall when meshing gives memory back: compare memory_held_kib then.
 """
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import threading
 import time
@@ -44,6 +52,134 @@ def read_vmrss_kib(pid: int) -> Optional[int]:
 def read_vmhwm_kib(pid: int) -> Optional[int]:
     """VmHWM (the kernel's own RSS high-water mark) of one process in KiB, or None."""
     return proc_kib(f"/proc/{pid}/status", "VmHWM")
+
+
+def pss_kib(pid: int) -> Optional[int]:
+    """Pss of one process in KiB (/proc/PID/smaps_rollup: each page divided by the number
+    of processes mapping it), or None if it is gone. Under Keel's meshing it under-counts:
+    a view that was not read since its page was meshed is not mapped at all."""
+    return proc_kib(f"/proc/{pid}/smaps_rollup", "Pss")
+
+
+# Keel's meshing (docs/meshing.md; KEEL_MESH=on) makes several virtual pages MAP_PRIVATE
+# views of one page of a memfd named "keel-mesh". VmRSS counts that page (in RssShmem)
+# once per view that maps it, so it does not fall when meshing saves memory, and neither
+# VmRSS nor Pss sees views not touched since they were meshed (not mapped yet).
+# memory_held_kib counts the memfd once instead.
+MESH_MEMFD_TAG = "memfd:keel-mesh"
+MESH_MEMFD_LINK = "/memfd:keel-mesh (deleted)"
+
+
+def _mesh_maps(pid: int) -> Optional[list[tuple[str, int]]]:
+    """(address range, inode) of each line of /proc/PID/maps that maps Keel's mesh memfd;
+    None if the process is gone."""
+    out = []
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                if MESH_MEMFD_TAG in line:
+                    fields = line.split()
+                    out.append((fields[0], int(fields[4])))
+    except (OSError, ValueError, IndexError):
+        return None
+    return out
+
+
+def mesh_views(pid: int) -> int:
+    """How many mappings of Keel's mesh memfd the process has (lines of /proc/PID/maps
+    naming memfd:keel-mesh; one mapping can hold a run of views). 0 without meshing, or
+    if the process is gone."""
+    return len(_mesh_maps(pid) or ())
+
+
+def _mesh_memfd_bytes(pid: int, maps: list[tuple[str, int]]) -> Optional[int]:
+    """Bytes held by Keel's mesh memfd(s), each file counted once (st_blocks * 512): the
+    mapped ones through /proc/PID/map_files (needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE),
+    every open one through /proc/PID/fd (the library keeps its memfd open; a forked child
+    closes its parent's but may still map it). None if a mapped memfd cannot be stat'ed
+    either way."""
+    held: dict[int, int] = {}        # inode -> bytes
+    for rng, ino in maps:
+        if ino in held:
+            continue
+        try:
+            st = os.stat(f"/proc/{pid}/map_files/{rng}")
+        except OSError:
+            continue
+        held[st.st_ino] = st.st_blocks * 512
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        fds = []
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") != MESH_MEMFD_LINK:
+                continue
+            st = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        held.setdefault(st.st_ino, st.st_blocks * 512)
+    if {ino for _, ino in maps} - held.keys():
+        return None
+    return sum(held.values())
+
+
+def _mesh_views_shmem_kib(pid: int) -> Optional[int]:
+    """The memfd pages the mesh views have mapped, counted once per view as RssShmem
+    counts them: Rss - Anonymous (copies made by writes into a view are anonymous and
+    stay in RssAnon) summed over the keel-mesh mappings of /proc/PID/smaps."""
+    total = 0
+    inside = False
+    rss = anon = 0
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                head = line.split(None, 1)[0] if line.strip() else ""
+                if not head.endswith(":"):           # a mapping's header line
+                    if inside:
+                        total += rss - anon
+                    inside = MESH_MEMFD_TAG in line
+                    rss = anon = 0
+                elif inside and head == "Rss:":
+                    rss = int(line.split()[1])
+                elif inside and head == "Anonymous:":
+                    anon = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    if inside:
+        total += rss - anon
+    return total
+
+
+def memory_held_kib(pid: int) -> Optional[int]:
+    """The memory a process holds, in KiB, with Keel's meshed pages counted once:
+    RssAnon + RssFile + RssShmem, where the part of RssShmem that is the keel-mesh views
+    (each shared page once per view) is replaced by the bytes resident in the keel-mesh
+    memfd. Other shared memory (SysV, /dev/shm, other memfds) stays. Without the memfd
+    (glibc, jemalloc, ..., Keel without meshing) this is VmRSS. None if the process is
+    gone or a mapped mesh memfd cannot be measured."""
+    rss = {"RssAnon": 0, "RssFile": 0, "RssShmem": 0}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                name = line.split(":", 1)[0]
+                if name in rss:
+                    rss[name] = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    anon, file_, shmem = rss["RssAnon"], rss["RssFile"], rss["RssShmem"]
+    maps = _mesh_maps(pid)
+    if maps is None:
+        return None
+    memfd = _mesh_memfd_bytes(pid, maps)
+    if memfd is None:
+        return None
+    if maps:
+        views = _mesh_views_shmem_kib(pid)
+        if views is None:
+            return None
+        shmem = max(0, shmem - views)
+    return anon + file_ + shmem + memfd // 1024
 
 
 def descendants(pid: int) -> list[int]:
