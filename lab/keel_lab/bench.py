@@ -18,6 +18,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -112,12 +113,15 @@ def package_of(path: str) -> tuple[Optional[str], Optional[str]]:
 
 
 def allocator_info(a: Allocator) -> dict:
+    """Library, package and version of an allocator; "env": a variant's extra environment
+    (keel+mesh: {"KEEL_MESH": "on"}); "is_keel": Keel, under whatever name."""
+    extra = {"env": dict(a.extra_env), "is_keel": a.is_keel}
     if a.path is None:
         pkg, ver = package_of(f"/lib/{_multiarch()}/libc.so.6")
         return {"path": None, "real_path": None, "package": pkg or "libc6",
-                "version": ver or (os.confstr("CS_GNU_LIBC_VERSION") or None)}
+                "version": ver or (os.confstr("CS_GNU_LIBC_VERSION") or None), **extra}
     real = os.path.realpath(a.path)
-    info: dict[str, Any] = {"path": a.path, "real_path": real}
+    info: dict[str, Any] = {"path": a.path, "real_path": real, **extra}
     pkg, ver = package_of(a.path)
     info["package"], info["version"] = pkg, ver
     try:
@@ -380,7 +384,9 @@ def _loop(doc, suite_names, allocs, rounds, quick, build_dir, options, console, 
 
                     run = {"round": rnd + 1, "position": pos + 1, "allocator": a.name,
                            "started": dt.datetime.now().astimezone().isoformat(timespec="seconds")}
-                    wd = Path(tempfile.mkdtemp(prefix=f"keel-{s}-{a.name}-r{rnd + 1}-"))
+                    # a variant's name may hold a / (keel+KEEL_PROFILE_PREFIX=/tmp/p)
+                    safe = re.sub(r"[^A-Za-z0-9_.+=-]+", "_", a.name)
+                    wd = Path(tempfile.mkdtemp(prefix=f"keel-{s}-{safe}-r{rnd + 1}-"))
                     t0 = time.monotonic()
                     try:
                         ctx = SuiteContext(allocator=a, quick=quick, workdir=wd, progress=report,

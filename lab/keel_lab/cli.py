@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import __version__
-from .allocators import ALL_NAMES, Allocator, AllocatorNotFound, find
+from .allocators import ALL_NAMES, AllocatorNotFound, BadAllocatorSpec, find, parse
 from .paths import default_build_dir
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -47,15 +47,6 @@ def err(msg: str) -> None:
 
 # ---------------------------------------------------------------------------------
 # allocators
-
-
-def parse_allocator(spec: str, build_dir: Path) -> Allocator:
-    """NAME, /path/to/lib.so, or LABEL=/path/to/lib.so"""
-    if "=" in spec:
-        label, path = spec.split("=", 1)
-        a = find(path, build_dir)
-        return Allocator(label, a.path)
-    return find(spec, build_dir)
 
 
 def cmd_allocators(args) -> int:
@@ -112,14 +103,15 @@ def cmd_run(args) -> int:
         err("nothing to run: keel run --allocator NAME -- CMD ARGS...")
         return EXIT_USAGE
     try:
-        a = parse_allocator(args.allocator, args.build_dir)
+        a = parse(args.allocator, args.build_dir)
     except AllocatorNotFound as e:
         err(str(e))
         return EXIT_USAGE
     env = a.env()
     if args.verbose:
-        print(f"keel: running under {a.name}"
-              f"{' (LD_PRELOAD=' + a.path + ')' if a.path else ' (no LD_PRELOAD)'}: "
+        how = " ".join([f"LD_PRELOAD={a.path}" if a.path else "no LD_PRELOAD",
+                        *(f"{k}={v}" for k, v in a.extra_env)])
+        print(f"keel: running under {a.name} ({how}): "
               f"{shlex.join(args.command)}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -154,7 +146,10 @@ def cmd_bench(args) -> int:
     allocs, missing = [], []
     for spec in [s.strip() for s in args.allocators.split(",") if s.strip()]:
         try:
-            allocs.append(parse_allocator(spec, args.build_dir))
+            allocs.append(parse(spec, args.build_dir))
+        except BadAllocatorSpec as e:
+            err(str(e))
+            return EXIT_USAGE
         except AllocatorNotFound as e:
             missing.append(str(e))
     if missing:
@@ -326,7 +321,8 @@ command replaces keel (exec), so its exit status is the command's.
   keel run --allocator keel -- redis-server --port 7000
   keel run --allocator /opt/keel/libkeel.so -- ./myprogram""")
     r.add_argument("--allocator", "-a", required=True,
-                   help=f"{', '.join(ALL_NAMES)}, or a path to a .so")
+                   help=f"{', '.join(ALL_NAMES)}, or a path to a .so; +VAR=VALUE adds to "
+                        "the environment, +mesh = +KEEL_MESH=on (e.g. keel+mesh)")
     r.add_argument("--verbose", "-v", action="store_true", help="say what is run")
     r.set_defaults(func=cmd_run)
 
@@ -340,12 +336,16 @@ metric and allocator, xN = N times worse than the best, % = spread of the runs.
 Only one benchmark runs at a time per machine (shared lock with bench/run.py).
 
   keel bench micro threads --quick --allocators glibc,jemalloc,keel
+  keel bench redis-frag --allocators jemalloc,keel,keel+mesh   (Keel with KEEL_MESH=on too)
   keel bench micro --rounds 5 --set micro.programs=tree,xthread --out results/tree.json
   keel suites        (what is available)""")
     b.add_argument("suites", nargs="+", metavar="SUITE", help="suite names (keel suites)")
     b.add_argument("--allocators", default=",".join(ALL_NAMES),
-                   help="comma-separated: names, paths, or LABEL=/path/lib.so "
-                        "(default: all five)")
+                   help="comma-separated: names, paths, or LABEL=/path/lib.so, each "
+                        "optionally followed by +VAR=VALUE (set in its environment; VAR in "
+                        "capitals, repeatable) or +mesh (= +KEEL_MESH=on). A variant is a "
+                        "column of its own, named as written: --allocators keel,keel+mesh "
+                        "compares Keel with and without meshing (default: all five)")
     b.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
     b.add_argument("--quick", action="store_true", help="small sizes: a first look, not numbers "
                                                          "to quote")

@@ -376,6 +376,8 @@ def _meta_html(doc: dict) -> str:
              "<th class=l>version</th></tr>"]
     for a, info in (m.get("allocator_info") or {}).items():
         lib = info.get("real_path") or info.get("path") or "(none: glibc's own malloc)"
+        if info.get("env"):
+            lib += " with " + " ".join(f"{k}={v}" for k, v in info["env"].items())
         ver = info.get("version") or ((info.get("git") or {}).get("describe")) or ""
         arows.append(f"<tr><td class=l>{_e(a)}</td><td class=l>{_e(lib)}</td>"
                      f"<td class=l>{_e(info.get('package') or '')}</td><td class=l>{_e(ver)}</td></tr>")
@@ -464,7 +466,8 @@ def render(doc: dict, source: str = "", charts: bool = True) -> str:
                         + "</ul>")
     body.append("<h2 id=meta-section>Run details</h2>")
     body.append(_meta_html(doc))
-    if "keel" in order:
+    infos = meta.get("allocator_info") or {}
+    if "keel" in order or any((infos.get(a) or {}).get("is_keel") for a in order):
         rows = "".join(f"<tr><td class=l>{_e(o.env)}</td><td class=l>{_e(o.default)}</td>"
                        f"<td class=l>{_e(o.meaning)}</td></tr>" for o in OPTIONS)
         body.append("<h3>Keel options (environment)</h3><table id=keel-options><tr>"

@@ -238,3 +238,50 @@ def test_sigint_stops_cleanly_and_writes_partial_results(tmp_path):
     assert all(r["ok"] for r in d["suites"]["threads"]["runs"])
     time.sleep(0.2)
     assert set(_threads_park_procs()) - before == set(), "threads_park left running"
+
+
+class EnvSuite(Suite):
+    """Records the environment each allocator gives the programs it runs."""
+    name = "envsuite"
+    description = "records env() per allocator"
+    seen: dict = {}
+
+    def run(self, ctx):
+        env = ctx.allocator.env({})
+        EnvSuite.seen[ctx.allocator.name] = (env, ctx.allocator.is_keel, Path(ctx.workdir))
+        return {"metrics": {"rss_final_kib": 1000 + len(env)}}
+
+
+def test_keel_variants_are_columns_of_their_own(monkeypatch, tmp_path):
+    from keel_lab.report import render
+    monkeypatch.setitem(suites.REGISTRY, "envsuite", EnvSuite)
+    EnvSuite.seen = {}
+    lib = tmp_path / "libkeel.so"
+    lib.write_bytes(b"")
+    plain = Allocator("keel", str(lib))
+    mesh = Allocator("keel+mesh", str(lib), (("KEEL_MESH", "on"),))
+    odd = Allocator("keel+KEEL_PROFILE_PREFIX=/tmp/p", str(lib),
+                    (("KEEL_PROFILE_PREFIX", "/tmp/p"),))
+    doc, _ = run_bench(["envsuite"], [plain, mesh, odd], rounds=1, out=tmp_path / "r.json",
+                       lock=False)
+    assert EnvSuite.seen["keel"][0] == {"LD_PRELOAD": str(lib)}
+    assert EnvSuite.seen["keel+mesh"][0] == {"LD_PRELOAD": str(lib), "KEEL_MESH": "on"}
+    assert all(is_keel for _e, is_keel, _w in EnvSuite.seen.values())
+    assert EnvSuite.seen["keel+KEEL_PROFILE_PREFIX=/tmp/p"][2].parent == \
+        EnvSuite.seen["keel"][2].parent          # a / in the name makes no subdirectory
+    on_disk = load(tmp_path / "r.json")
+    info = on_disk["meta"]["allocator_info"]
+    assert on_disk["meta"]["allocators"] == ["keel", "keel+mesh",
+                                             "keel+KEEL_PROFILE_PREFIX=/tmp/p"]
+    assert info["keel"]["env"] == {} and info["keel+mesh"]["env"] == {"KEEL_MESH": "on"}
+    assert info["keel+mesh"]["is_keel"] is True
+    assert [r["allocator"] for r in on_disk["suites"]["envsuite"]["runs"]] == \
+        ["keel", "keel+mesh", "keel+KEEL_PROFILE_PREFIX=/tmp/p"]
+    ss = summarize(on_disk)["envsuite"]
+    assert set(ss.allocators) == {"keel", "keel+mesh", "keel+KEEL_PROFILE_PREFIX=/tmp/p"}
+    # the report shows Keel's options for a variant alone too, and says what it sets
+    on_disk["meta"]["allocators"] = ["keel+mesh"]
+    on_disk["meta"]["allocator_info"] = {"keel+mesh": info["keel+mesh"]}
+    on_disk["suites"]["envsuite"]["runs"] = on_disk["suites"]["envsuite"]["runs"][1:2]
+    html = render(on_disk, charts=False)
+    assert "id=keel-options" in html and "with KEEL_MESH=on" in html
