@@ -129,9 +129,9 @@ def parse(spec: str, build_dir: Path = Path("build")) -> Allocator:
     v = Allocator(label or "+".join([a.name, *extras]), a.path, tuple(env.items()))
     keel_only = [e for e in extras if e in SHORTHANDS]
     if keel_only and not v.is_keel:
+        sets = ", ".join(f"{k}={x}" for k, x in SHORTHANDS[keel_only[0]])
         raise BadAllocatorSpec(f"allocator spec {spec!r}: +{keel_only[0]} is a Keel option "
-                                f"({', '.join(f'{k}={x}' for k, x in SHORTHANDS[keel_only[0]])}), "
-                                f"and {a.name} is not Keel")
+                               f"({sets}), and {a.name} is not Keel")
     return v
 
 
