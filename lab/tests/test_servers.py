@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from keel_lab import servers
-from keel_lab.allocators import Allocator, AllocatorNotFound, find
+from keel_lab.allocators import Allocator, AllocatorNotFound, find, parse
 from keel_lab.servers import RedisServer, live_servers, pid_running
 from keel_lab.suites.base import SuiteContext, SuiteError
 
@@ -60,9 +60,9 @@ def bench_lock():
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def allocator(name: str) -> Allocator:
+def allocator(spec: str) -> Allocator:
     try:
-        return find(name, BUILD)
+        return parse(spec, BUILD)
     except AllocatorNotFound as e:
         pytest.skip(str(e))
 
@@ -106,7 +106,7 @@ def assert_nothing_left(pids, dirs=()) -> None:
 
 
 @need_redis
-@pytest.mark.parametrize("alloc_name", ["glibc", "jemalloc", "keel"])
+@pytest.mark.parametrize("alloc_name", ["glibc", "jemalloc", "keel", "keel+mesh"])
 def test_redis_frag_tiny(alloc_name, tmp_path, bench_lock):
     from keel_lab.suites.redis import RedisFrag
     alloc = allocator(alloc_name)
@@ -120,7 +120,18 @@ def test_redis_frag_tiny(alloc_name, tmp_path, bench_lock):
                      for ph in ("fill", "overwrite", "delete", "idle")]
     for p in phases:
         assert p["rss_kib"] > 1000 and p["used_memory_kib"] > 0 and p["frag"] > 0
+        assert p["held_kib"] > 1000
     m = res["metrics"]
+    for ph in ("fill", "overwrite", "delete", "idle"):
+        for sz in ("3B", "1KiB"):
+            held, rss = m[f"held_{ph}_kib_{sz}"], m[f"rss_{ph}_kib_{sz}"]
+            assert 0 < m[f"pss_{ph}_kib_{sz}"] <= rss * 1.05
+            if not m.get(f"mesh_views_{ph}_{sz}"):     # nothing meshed: held is VmRSS
+                assert held == pytest.approx(rss, rel=0.05)
+    assert m["held_final_kib"] == m["held_idle_kib_3B"] + m["held_idle_kib_1KiB"]
+    if alloc_name != "keel+mesh":
+        assert not any(k.startswith("mesh_views") for k in m)
+    assert any("held_*_kib" in n for n in res["notes"])
     for sz in ("3B", "1KiB"):
         assert len(res["series"][f"rss_kib_{sz}"]) >= 3
         assert all(kib > 0 for _t, kib in res["series"][f"rss_kib_{sz}"])
@@ -132,7 +143,7 @@ def test_redis_frag_tiny(alloc_name, tmp_path, bench_lock):
     assert any("RSS" in n for n in res["notes"])
     if alloc_name == "glibc":   # redis links jemalloc itself: glibc is forced by preloading libc
         assert any("libc.so.6" in n for n in res["notes"])
-    if alloc_name == "keel":    # the meshing estimate, read from the live server
+    if alloc.is_keel:           # the meshing estimate, read from the live server
         for sz in ("3B", "1KiB"):
             assert 0 < m[f"mesh_est_groups_rss_kib_{sz}"] <= m[f"mesh_est_pairs_rss_kib_{sz}"] \
                 <= m[f"rss_idle_kib_{sz}"]
@@ -297,7 +308,10 @@ def test_mariadb_pool_smoke(tmp_path, bench_lock):
     assert m["rss_final_kib"] == m["rss_idle_kib_cycle1"] > 10000
     assert m["rss_peak_kib"] >= m["rss_final_kib"] * 0.9
     assert [p["phase"] for p in res["phases"]] == ["prepare", "busy 1", "idle 1"]
-    if alloc.name == "keel":
+    assert m["held_final_kib"] == m["held_idle_kib_cycle1"] == res["phases"][2]["held_kib"]
+    assert m["held_final_kib"] == pytest.approx(m["rss_final_kib"], rel=0.05)   # no meshing
+    assert 0 < m["pss_idle_kib_cycle1"] <= m["rss_idle_kib_cycle1"] * 1.05
+    if alloc.is_keel:
         assert 0 < m["mesh_est_pairs_rss_kib_final"] <= m["rss_final_kib"]
     assert_nothing_left(rec.pids)
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..allocators import Allocator
+from ..measure import memory_held_kib, mesh_views, pss_kib
 
 
 class SuiteError(RuntimeError):
@@ -63,6 +64,28 @@ def mesh_estimate_metrics(pid: int, rss_kib: int, suffix: str) -> dict:
             f"mesh_est_pairs_mappings_{suffix}": tot["pair_runs"],
             f"mesh_est_groups_rss_kib_{suffix}": rss_kib - tot["group_saved_bytes"] // 1024,
             f"mesh_est_groups_views_{suffix}": tot["group_views"]}
+
+
+HELD_NOTE = ("held_*_kib is the memory the server holds with Keel's meshed pages counted "
+             "once: RssAnon + RssFile + RssShmem, with the keel-mesh views' part of RssShmem "
+             "replaced by the bytes resident in Keel's mesh memfd; without meshing it is "
+             "VmRSS. Compare held_*_kib, not rss_*_kib, when an allocator meshes "
+             "(keel+mesh): VmRSS counts a meshed page once for every view that touched it "
+             "since it was meshed (so it does not fall when meshing gives memory back) and "
+             "not at all while none has, and Pss (pss_*_kib) misses those unread views too. "
+             "mesh_views_*: mappings of the mesh memfd.")
+
+
+def held_metrics(pid: int, phase: str, suffix: str) -> dict:
+    """held_<phase>_kib_<suffix> (measure.memory_held_kib), pss_<phase>_kib_<suffix> and,
+    when the process has meshed pages, mesh_views_<phase>_<suffix>: named like the
+    suites' rss_<phase>_kib_<suffix>. Readings that failed (process gone) are left out."""
+    out = {f"held_{phase}_kib_{suffix}": memory_held_kib(pid),
+           f"pss_{phase}_kib_{suffix}": pss_kib(pid)}
+    views = mesh_views(pid)
+    if views:
+        out[f"mesh_views_{phase}_{suffix}"] = views
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def _no_progress(message: str, fraction: Optional[float] = None) -> None:

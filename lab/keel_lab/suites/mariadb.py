@@ -7,7 +7,8 @@ import re
 # servers is imported as a module, names looked up at run time: keel_lab.servers
 # imports keel_lab.suites (for SuiteError), which imports this module.
 from .. import servers as sv
-from .base import Suite, SuiteContext, SuiteError, cpu_us_per_txn, mesh_estimate_metrics
+from .base import (HELD_NOTE, Suite, SuiteContext, SuiteError, cpu_us_per_txn, held_metrics,
+                   mesh_estimate_metrics)
 from .redis import geomean, opt_float, opt_list, opt_env, size_mode
 
 
@@ -158,7 +159,9 @@ class MariaDBPool(Suite):
     `threads` connections runs oltp_read_write (range sorts, DISTINCT, updates, deletes,
     inserts: per-connection and per-query memory) for `seconds` and disconnects, and the
     server idles for `idle_seconds`. RSS after prepare, peak during each cycle, and after
-    each idle; under Keel also what meshing could give back after the last idle
+    each idle (there also held_idle_kib_cycleN, meshed pages counted once: the one to
+    compare under keel+mesh, pss_idle_kib_cycleN and mesh_views_idle_cycleN); under Keel
+    also what meshing could give back after the last idle
     (keel stats --mesh; docs/meshing.md). Options (--set mariadb-pool.KEY=VALUE):
     threads, seconds, idle_seconds, cycles, extra_env, tiny."""
 
@@ -204,11 +207,17 @@ class MariaDBPool(Suite):
                                  0.1 + 0.9 * (c - 0.5) / cycles)
                     sv.sleep_watching(idle, [srv], f"idle after cycle {c}")
                     m[f"rss_idle_kib_cycle{c}"] = srv.rss_kib()
-                    result["phases"] += [{"phase": f"busy {c}", "rss_kib": busy.peak},
-                                         {"phase": f"idle {c}", "rss_kib": m[f"rss_idle_kib_cycle{c}"]}]
+                    held = held_metrics(srv.pid, "idle", f"cycle{c}")
+                    m.update(held)
+                    idle_rec = {"phase": f"idle {c}", "rss_kib": m[f"rss_idle_kib_cycle{c}"]}
+                    if f"held_idle_kib_cycle{c}" in held:
+                        idle_rec["held_kib"] = held[f"held_idle_kib_cycle{c}"]
+                    result["phases"] += [{"phase": f"busy {c}", "rss_kib": busy.peak}, idle_rec]
             srv.check_alive("the run")
             m["rss_peak_kib"] = whole.peak
             m["rss_final_kib"] = m[f"rss_idle_kib_cycle{cycles}"]
+            if f"held_idle_kib_cycle{cycles}" in m:
+                m["held_final_kib"] = m[f"held_idle_kib_cycle{cycles}"]
             m["throughput"] = geomean([m[f"tps_cycle{c}"] for c in range(1, cycles + 1)])
             m.update(mesh_estimate_metrics(srv.pid, m["rss_final_kib"], "final"))
             result["series"] = {"rss_kib": whole.samples}
@@ -218,6 +227,8 @@ class MariaDBPool(Suite):
                 f"and {idle:.0f}s idle. rss_final_kib is the RSS after the last idle: memory the "
                 "connections used and gave back, or not (MariaDB keeps up to thread_cache_size "
                 "threads; their caches stay).")
+            result["notes"].append("held_final_kib: held_idle_kib after the last idle. "
+                                   + HELD_NOTE)
         finally:
             srv.stop(timeout=60)
         return result

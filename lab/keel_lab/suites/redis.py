@@ -12,7 +12,7 @@ from typing import Optional
 # servers is imported as a module, names looked up at run time: keel_lab.servers
 # imports keel_lab.suites (for SuiteError), which imports this module.
 from .. import servers as sv
-from .base import Suite, SuiteContext, SuiteError, mesh_estimate_metrics
+from .base import HELD_NOTE, Suite, SuiteContext, SuiteError, held_metrics, mesh_estimate_metrics
 
 KEY_FMT = "key:%012d"          # the keys redis-benchmark -r makes of __rand_int__
 
@@ -127,7 +127,9 @@ class RedisFrag(RedisSuite):
     random keys), overwrite with 64/700/16-byte values, DEL a seeded random half of the
     keyspace (pipelined), idle. After each phase: RSS, INFO used_memory and
     mem_fragmentation_ratio ("phases", "<phase> <size>"); RSS over the idle phase in
-    series rss_kib_<size> (and over the whole run in run_rss_kib_<size>).
+    series rss_kib_<size> (and over the whole run in run_rss_kib_<size>). Next to each
+    rss_<phase>_kib_<size>: held_<phase>_kib_<size> (meshed pages counted once; the one
+    to compare under keel+mesh), pss_<phase>_kib_<size>, mesh_views_<phase>_<size>.
     Options (--set redis-frag.KEY=VALUE): idle_seconds, value_sizes=3,1024,
     extra_env=NAME=VALUE,..., tiny=1 (test size)."""
 
@@ -159,6 +161,9 @@ class RedisFrag(RedisSuite):
         m = result["metrics"]
         m["rss_peak_kib"] = max(peaks)
         m["rss_final_kib"] = sum(finals)
+        held = [m.get(f"held_idle_kib_{size_label(v)}") for v in sizes]
+        if None not in held:
+            m["held_final_kib"] = sum(held)
         result["notes"] += [
             f"size {mode}: {fill} SETs over {keys} random keys, then {over} SETs each of "
             f"{'/'.join(str(s) for s in self.OVERWRITE_SIZES)} B, then DEL of a random half "
@@ -170,6 +175,7 @@ class RedisFrag(RedisSuite):
             "rss_final_kib is the RSS after idling summed over the value sizes; "
             "rss_peak_kib the highest RSS seen in any of them. activedefrag is off "
             "(Redis' default; it only works with its own jemalloc).",
+            "held_final_kib: held_idle_kib summed over the value sizes. " + HELD_NOTE,
         ]
         return result
 
@@ -197,12 +203,16 @@ class RedisFrag(RedisSuite):
                     srv.check_alive(name)
                     info = client.info("memory")
                     rss = sv.rss_kib(srv.pid)
+                    held = held_metrics(srv.pid, name, label)
                     # one phase entry per (phase, value size): the report groups by name
                     rec = {"phase": f"{name} {label}", "rss_kib": rss,
                            "used_memory_kib": int(info["used_memory"]) // 1024,
                            "frag": float(info.get("mem_fragmentation_ratio", "nan"))}
+                    if f"held_{name}_kib_{label}" in held:
+                        rec["held_kib"] = held[f"held_{name}_kib_{label}"]
                     result["phases"].append(rec)
                     m[f"rss_{name}_kib_{label}"] = rss
+                    m.update(held)
                     m[f"used_memory_{name}_kib_{label}"] = rec["used_memory_kib"]
                     m[f"keys_{name}_{label}"] = int(client.command("DBSIZE"))
                     if name != "idle":
