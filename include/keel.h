@@ -114,7 +114,8 @@ KEEL_API size_t keel_mesh_estimate(keel_mesh_estimate_t* out, size_t max);
 
 /* Meshing (KEEL_MESH=on; docs/meshing.md): the purger lets pages of two slabs of a
  * size class whose blocks in use sit at different offsets share one physical page.
- * VmRSS counts such a page once per view; PSS and the cgroup's memory count it once. */
+ * VmRSS counts such a page once per view, and PSS misses views not read since they
+ * were made: RssAnon + RssFile + file_bytes below is the memory held. */
 enum {
   KEEL_MESH_STATE_OFF = 0,     /* KEEL_MESH is off */
   KEEL_MESH_STATE_ON = 1,      /* on, and running */

@@ -49,7 +49,8 @@ OPTIONS: tuple[KeelOption, ...] = (
                "with a user-mode barrier, where a read(2) into a block being meshed fails "
                "with EFAULT. Each view is a kernel mapping: at most a third of "
                "vm.max_map_count is used. VmRSS does not show the gain (it counts a shared "
-               "page once per view); PSS and cgroup memory do."),
+               "page once per view) and PSS misses views not read since meshing: measure "
+               "RssAnon + RssFile + the keel-mesh memfd (keel bench: held_*_kib)."),
     KeelOption("KEEL_STATS", "bool", "off",
                "Print Keel's statistics (allocated, active, cached, mapped, committed, "
                "retained, metadata, purged bytes, threads) to stderr when the process exits."),

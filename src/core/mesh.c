@@ -29,7 +29,8 @@
  *
  * Off by default (KEEL_MESH=on): its cost is one kernel mapping per view (the kernel
  * limits them, vm.max_map_count) and purger time, and RSS does not show its gain -
- * VmRSS counts a shared page once per view; PSS and the cgroup's memory do.
+ * VmRSS counts a shared page once per view, PSS misses views not read since; RssAnon +
+ * RssFile + the file's resident bytes (keel_mesh_stats) is what the process holds.
  * Offset in the file = group number x page size, so the file needs no allocator. */
 #include "core/internal.h"
 
