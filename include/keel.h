@@ -112,7 +112,7 @@ typedef struct keel_mesh_estimate_s {
  * with 64 KiB OS pages, where a page is a whole slab unit and meshing is refused. */
 KEEL_API size_t keel_mesh_estimate(keel_mesh_estimate_t* out, size_t max);
 
-/* Meshing (KEEL_MESH=on; docs/meshing.md): the purger lets pages of two slabs of a
+/* Meshing (KEEL_MESH=on; docs/meshing.md): the purger lets pages of 2 to 8 slabs of a
  * size class whose blocks in use sit at different offsets share one physical page.
  * VmRSS counts such a page once per view, and PSS misses views not read since they
  * were made: RssAnon + RssFile + file_bytes below is the memory held. */
@@ -126,11 +126,11 @@ enum {
 typedef struct keel_mesh_stats_s {
   uint32_t state;       /* KEEL_MESH_STATE_* */
   uint32_t barrier;     /* write barrier: 0 none (yet), 1 user mode, 2 kernel */
-  uint64_t groups;      /* file pages shared by views now */
+  uint64_t groups;      /* file pages shared by views now (2 to 8 views each) */
   uint64_t views;       /* views now: each a kernel mapping (vm.max_map_count) */
   uint64_t view_limit;  /* views the mapping budget allows (a third of the limit) */
   uint64_t file_bytes;  /* memory the mesh file holds */
-  uint64_t meshed;      /* pairs of pages meshed since start */
+  uint64_t meshed;      /* pages given back by meshing since start (k views: k - 1) */
   uint64_t failed;      /* operations given up (the kernel refused a step) */
   uint64_t eroded;      /* views found written since (their page is private again) */
   uint64_t left;        /* views replaced by fresh memory once their blocks were free */
@@ -140,7 +140,7 @@ typedef struct keel_mesh_stats_s {
 } keel_mesh_stats_t;
 KEEL_API void keel_mesh_stats(keel_mesh_stats_t* out);
 /* Runs a meshing pass now in the calling thread (every sparse class, no time limit);
- * returns the pairs meshed. 0 when KEEL_MESH is off or meshing is refused. */
+ * returns the pages it gave back. 0 when KEEL_MESH is off or meshing is refused. */
 KEEL_API size_t keel_mesh_now(void);
 
 /* Writes the statistics (totals and per class) as one JSON object into buf, NUL-

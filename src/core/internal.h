@@ -262,11 +262,12 @@ void* _keel_block_start(unsigned cls, const void* p, bool* exact) KEEL_INTERNAL;
  * physical page: both become private views of one page of a memory file. */
 #define KEEL_MESH_MAX_BLOCK 2048u           /* larger blocks: a page touches at most two */
 #define KEEL_MESH_MAX_PAGE ((size_t)16 << 10) /* larger OS pages: too few blocks a page */
-/* Called for each pair the matcher proposes: page addresses of the same index in two
- * slabs of class cls. Returns false to stop planning. */
-typedef bool (*keel_mesh_visit_t)(void* ctx, unsigned cls, uintptr_t a, uintptr_t b);
-/* Runs the candidate search and pair matcher on class cls's partly used slabs (their
- * bitmaps copied under the class lock, matched unlocked) and calls visit per pair; the
+#define KEEL_MESH_WAYS 8u /* pages that may share one physical page */
+/* Called for each group the matcher proposes: 2..KEEL_MESH_WAYS page addresses of the
+ * same index in slabs of class cls. Returns false to stop planning. */
+typedef bool (*keel_mesh_visit_t)(void* ctx, unsigned cls, const uintptr_t* pages, unsigned n);
+/* Runs the candidate search and the matcher on class cls's partly used slabs (their
+ * bitmaps copied under the class lock, matched unlocked) and calls visit per group; the
  * slab the class refills from is left out. Returns false if scratch memory ran out. */
 bool _keel_mesh_plan(unsigned cls, keel_mesh_visit_t visit, void* ctx) KEEL_INTERNAL;
 /* Whether page p may mesh: not a view, or a view written since it was meshed. */

@@ -43,11 +43,20 @@
 enum { G_FREE = 0, G_SHARED, G_PUNCHED };
 
 typedef struct mesh_group_s {
-  uintptr_t page[2]; /* the views (0: replaced by fresh memory) */
+  uintptr_t page[KEEL_MESH_WAYS]; /* the views (0: none, or replaced by fresh memory) */
   uint32_t next_free;
   uint8_t state;
   uint8_t eroded; /* bit m: view m was written (it has a private copy) */
 } mesh_group_t;
+
+#define MEMBER_BITS 3 /* view table value: group << MEMBER_BITS | member */
+_Static_assert(KEEL_MESH_WAYS <= (1 << MEMBER_BITS) && KEEL_MESH_WAYS <= 8, "members fit");
+
+static bool group_empty(const mesh_group_t* gr) {
+  for (unsigned m = 0; m < KEEL_MESH_WAYS; m++)
+    if (gr->page[m]) return false;
+  return true;
+}
 
 static keel_lock_t mesh_lock;  /* one pass at a time; before the central locks */
 static keel_lock_t table_lock; /* groups, view table, counters: innermost */
@@ -60,7 +69,8 @@ static bool warned;
 
 static mesh_group_t* groups; /* GROUPS_MAX entries, reserved, touched as used */
 static uint32_t groups_top, free_head = UINT32_MAX;
-/* View table: page address -> group << 1 | member, open addressing, linear probing. */
+/* View table: page address -> group << MEMBER_BITS | member, open addressing, linear
+ * probing. */
 static uintptr_t* view_keys;
 static uint32_t* view_vals;
 static size_t view_slots; /* a power of two, or 0 */
@@ -167,7 +177,7 @@ static uint64_t group_offset(uint32_t g) { return (uint64_t)g * _keel_page_size;
  * no forked child may map it. */
 static bool group_releasable(const mesh_group_t* gr) {
   if (in_child || lost_child || npipes > 0) return false;
-  for (unsigned m = 0; m < 2; m++)
+  for (unsigned m = 0; m < KEEL_MESH_WAYS; m++)
     if (gr->page[m] && !(gr->eroded >> m & 1)) return false;
   return true;
 }
@@ -177,7 +187,7 @@ static bool meshable(uintptr_t p) {
   size_t i = view_find(p);
   if (i == SIZE_MAX) return true;
   uint32_t v = view_vals[i];
-  return groups[v >> 1].eroded >> (v & 1) & 1;
+  return groups[v >> MEMBER_BITS].eroded >> (v & ((1u << MEMBER_BITS) - 1)) & 1;
 }
 
 bool _keel_mesh_page_meshable(uintptr_t p) {
@@ -195,13 +205,13 @@ bool _keel_mesh_page_meshable(uintptr_t p) {
 static void leave_group(uintptr_t p) {
   size_t i = view_find(p);
   if (i == SIZE_MAX) return;
-  uint32_t v = view_vals[i], g = v >> 1;
+  uint32_t v = view_vals[i], g = v >> MEMBER_BITS, m = v & ((1u << MEMBER_BITS) - 1);
   mesh_group_t* gr = &groups[g];
-  gr->page[v & 1] = 0;
-  gr->eroded &= (uint8_t)~(1u << (v & 1));
+  gr->page[m] = 0;
+  gr->eroded &= (uint8_t)~(1u << m);
   view_del(i);
   st.views--;
-  if (gr->page[0] == 0 && gr->page[1] == 0 && gr->state == G_PUNCHED) group_free(g);
+  if (group_empty(gr) && gr->state == G_PUNCHED) group_free(g);
 }
 
 /* ---- leaving: a view whose blocks are all free becomes fresh memory ------------------ */
@@ -233,107 +243,138 @@ static inline bool block_free(const keel_slab_t* s, uint32_t i) {
   return (s->free_bits[i / 64] >> (i % 64)) & 1;
 }
 
-/* Mesh lock held. Page a of one slab and page b (same index) of another, both class
- * cls: if their blocks in use are still disjoint, both become views of one file page. */
-static bool mesh_pair(unsigned cls, uintptr_t a, uintptr_t b) {
+/* Mesh lock held. Pages of the same index in slabs of class cls: those whose blocks in
+ * use are still disjoint from the ones before them (at least two) become views of one
+ * file page. Returns the pages that gives back. */
+static size_t mesh_group(unsigned cls, const uintptr_t* cand, unsigned ncand) {
   keel_central_t* cl = &_keel_central[cls];
   const keel_class_t* k = &_keel_classes[cls];
   size_t page = _keel_page_size;
-  bool meshed = false;
+  size_t saved = 0;
+  uintptr_t pg[KEEL_MESH_WAYS];
+  keel_slab_t* sl[KEEL_MESH_WAYS];
+  uintptr_t base[KEEL_MESH_WAYS];
+  unsigned n = 0;
+  uint64_t taken[(KEEL_MESH_MAX_PAGE / 16 + 2 + 63) / 64] = {0}; /* blocks in use so far */
   keel_lock(&cl->lock);
-  /* The plan was made unlocked: the page map says whether both are still slabs of cls
-   * (it is set and cleared under this lock), and the bitmaps are read again. */
-  if (keel_pagemap_get((void*)a) != cls || keel_pagemap_get((void*)b) != cls) goto out;
-  keel_chunk_t *ca = keel_chunk_of((void*)a), *cb = keel_chunk_of((void*)b);
-  keel_slab_t *sa = keel_span_head(ca, keel_unit_index((void*)a));
-  keel_slab_t *sb = keel_span_head(cb, keel_unit_index((void*)b));
-  if (sa == sb || sa == cl->partial || sb == cl->partial) goto out;
-  uintptr_t base_a = (uintptr_t)keel_unit_addr(ca, (unsigned)(sa - ca->units));
-  uintptr_t base_b = (uintptr_t)keel_unit_addr(cb, (unsigned)(sb - cb->units));
-  size_t off = a - base_a;
-  if (off != b - base_b || off % page) goto out;
-  uint32_t first = (uint32_t)(off / k->size), last = (uint32_t)((off + page - 1) / k->size);
-  if (first >= k->count) goto out;
-  if (last >= k->count) last = k->count - 1;
-  uint32_t used_a = 0, used_b = 0;
-  for (uint32_t i = first; i <= last; i++) {
-    bool ua = !block_free(sa, i), ub = !block_free(sb, i);
-    if (ua && ub) goto out;
-    used_a += ua;
-    used_b += ub;
+  size_t off = 0;
+  uint32_t first = 0, last = 0;
+  for (unsigned c = 0; c < ncand && n < KEEL_MESH_WAYS; c++) {
+    uintptr_t a = cand[c];
+    /* The plan was made unlocked: the page map says whether the page is still in a slab
+     * of cls (it is set and cleared under this lock); the bitmap is read again. */
+    if (keel_pagemap_get((void*)a) != cls) continue;
+    keel_chunk_t* ch = keel_chunk_of((void*)a);
+    keel_slab_t* s = keel_span_head(ch, keel_unit_index((void*)a));
+    if (s == cl->partial) continue; /* refills come from it: it would be written soon */
+    uintptr_t b = (uintptr_t)keel_unit_addr(ch, (unsigned)(s - ch->units));
+    if (n == 0) {
+      off = a - b;
+      first = (uint32_t)(off / k->size);
+      last = (uint32_t)((off + page - 1) / k->size);
+      if (off % page || first >= k->count) break;
+      if (last >= k->count) last = k->count - 1;
+    } else if (a - b != off) {
+      continue;
+    }
+    bool fits = true, used = false;
+    for (unsigned m = 0; m < n; m++) fits &= sl[m] != s;
+    for (uint32_t i = first; i <= last && fits; i++) {
+      bool u = !block_free(s, i);
+      used |= u;
+      fits = !(u && (taken[(i - first) / 64] >> ((i - first) % 64) & 1));
+    }
+    if (!fits || !used) continue; /* (a wholly free page is purged instead) */
+    for (uint32_t i = first; i <= last; i++)
+      if (!block_free(s, i)) taken[(i - first) / 64] |= (uint64_t)1 << ((i - first) % 64);
+    pg[n] = a;
+    sl[n] = s;
+    base[n++] = b;
   }
-  if (used_a == 0 || used_b == 0) goto out; /* a wholly free page is purged instead */
+  if (n < 2) goto out;
 
   /* A page may be a view already only if it was written since (eroded): then it is a
    * private page again and may mesh anew, leaving its old group. */
   keel_lock(&table_lock);
   uint32_t g = UINT32_MAX;
-  if (st.views + 2 <= view_cap && meshable(a) && meshable(b) && view_reserve(2)) g = group_new();
+  bool ok = st.views + n <= view_cap && view_reserve(n);
+  for (unsigned m = 0; m < n && ok; m++) ok = meshable(pg[m]);
+  if (ok) g = group_new();
   keel_unlock(&table_lock);
   if (g == UINT32_MAX) goto out;
 
   uint64_t t0 = _keel_prim_clock_ns();
-  bool armed_a = _keel_prim_barrier_arm(barrier_fd, (void*)a, page);
-  bool armed_b = armed_a && _keel_prim_barrier_arm(barrier_fd, (void*)b, page);
-  bool view_a = false, view_b = false;
-  if (armed_b) {
-    /* A's page, then B's blocks in use (clipped to the page) over A's free ones. */
-    memcpy(image, (const void*)a, page);
-    for (uint32_t i = first; i <= last; i++) {
-      if (block_free(sb, i)) continue;
-      size_t lo = (size_t)i * k->size, hi = lo + k->size;
-      if (lo < off) lo = off;
-      if (hi > off + page) hi = off + page;
-      memcpy(image + (lo - off), (const void*)(base_b + lo), hi - lo);
+  bool armed[KEEL_MESH_WAYS], view[KEEL_MESH_WAYS];
+  unsigned narmed = 0, nviews = 0;
+  for (unsigned m = 0; m < n; m++) {
+    armed[m] = _keel_prim_barrier_arm(barrier_fd, (void*)pg[m], page);
+    view[m] = false;
+    narmed += armed[m];
+  }
+  if (narmed >= 2) {
+    /* The first armed page, then the other armed pages' blocks in use (clipped to the
+     * page) over its free ones. */
+    bool copied = false;
+    for (unsigned m = 0; m < n; m++) {
+      if (!armed[m]) continue;
+      if (!copied) {
+        memcpy(image, (const void*)pg[m], page);
+        copied = true;
+        continue;
+      }
+      for (uint32_t i = first; i <= last; i++) {
+        if (block_free(sl[m], i)) continue;
+        size_t lo = (size_t)i * k->size, hi = lo + k->size;
+        if (lo < off) lo = off;
+        if (hi > off + page) hi = off + page;
+        memcpy(image + (lo - off), (const void*)(base[m] + lo), hi - lo);
+      }
     }
-    if (_keel_prim_file_write(file_fd, group_offset(g), image, page)) {
-      view_a = _keel_prim_map_view((void*)a, page, file_fd, group_offset(g));
-      view_b = view_a && _keel_prim_map_view((void*)b, page, file_fd, group_offset(g));
-    }
+    if (_keel_prim_file_write(file_fd, group_offset(g), image, page))
+      for (unsigned m = 0; m < n; m++)
+        if (armed[m]) nviews += view[m] = _keel_prim_map_view((void*)pg[m], page, file_fd, group_offset(g));
   }
   /* A replaced range lost its registration with the mapping; one still armed is given
    * back. Either way its waiting writers are woken. */
-  if (armed_a && !view_a) _keel_prim_barrier_disarm(barrier_fd, (void*)a, page);
-  if (armed_b && !view_b) _keel_prim_barrier_disarm(barrier_fd, (void*)b, page);
-  if (view_a) _keel_prim_barrier_wake(barrier_fd, (void*)a, page);
-  if (view_b) _keel_prim_barrier_wake(barrier_fd, (void*)b, page);
+  for (unsigned m = 0; m < n; m++) {
+    if (armed[m] && !view[m]) _keel_prim_barrier_disarm(barrier_fd, (void*)pg[m], page);
+    if (view[m]) _keel_prim_barrier_wake(barrier_fd, (void*)pg[m], page);
+  }
   uint64_t ns = _keel_prim_clock_ns() - t0;
 
   keel_lock(&table_lock);
   st.busy_ns += ns;
   if (ns > st.longest_ns) st.longest_ns = ns;
-  if (!view_a) { /* nothing changed: the file page may hold the image, never read */
-    if (file_fd >= 0) _keel_prim_file_release(file_fd, group_offset(g), page);
+  if (nviews == 0) { /* nothing changed: the file page may hold the image, never read */
+    _keel_prim_file_release(file_fd, group_offset(g), page);
     groups[g].next_free = free_head;
     free_head = g;
     st.failed++;
   } else {
-    /* With only A a view (B's mapping refused), the group holds A's page alone. */
+    /* Members the kernel refused stay as they were; one view alone saves nothing. */
     mesh_group_t* gr = &groups[g];
-    leave_group(a);
-    if (view_b) leave_group(b);
-    gr->page[0] = a;
-    gr->page[1] = view_b ? b : 0;
+    memset(gr->page, 0, sizeof gr->page);
     gr->eroded = 0;
     gr->state = G_SHARED;
-    view_put_raw(a, g << 1);
-    st.views++;
-    if (view_b) {
-      view_put_raw(b, g << 1 | 1);
-      st.views++;
-      st.meshed++;
-      meshed = true;
-    } else {
-      st.failed++;
+    unsigned member = 0;
+    for (unsigned m = 0; m < n; m++) {
+      if (!view[m]) continue;
+      leave_group(pg[m]);
+      gr->page[member] = pg[m];
+      view_put_raw(pg[m], g << MEMBER_BITS | member);
+      member++;
+      sl[m]->meshed = 1;
     }
+    st.views += nviews;
     st.groups++;
-    sa->meshed = 1;
-    sb->meshed = 1;
+    saved = nviews - 1;
+    st.meshed += saved;
+    if (nviews < n) st.failed++;
   }
   keel_unlock(&table_lock);
 out:
   keel_unlock(&cl->lock);
-  return meshed;
+  return saved;
 }
 
 /* ---- the pass ------------------------------------------------------------------------ */
@@ -416,19 +457,20 @@ static void sweep(void) {
     uint32_t g = sweep_cursor++ % groups_top;
     keel_lock(&table_lock);
     mesh_group_t* gr = &groups[g];
-    uintptr_t pages[2] = {gr->page[0], gr->page[1]};
+    uintptr_t pages[KEEL_MESH_WAYS];
+    memcpy(pages, gr->page, sizeof pages);
     uint8_t state = gr->state, eroded = gr->eroded;
     keel_unlock(&table_lock);
     if (state != G_SHARED) continue;
     uint8_t found = 0;
-    for (unsigned m = 0; m < 2; m++) {
+    for (unsigned m = 0; m < KEEL_MESH_WAYS; m++) {
       uint8_t vs;
       if (pages[m] && !(eroded >> m & 1) && _keel_prim_view_state((void*)pages[m], 1, &vs) &&
           vs == KEEL_VIEW_PRIVATE)
         found |= (uint8_t)(1u << m);
     }
     keel_lock(&table_lock);
-    for (unsigned m = 0; m < 2; m++) /* (a view that left meanwhile is not counted) */
+    for (unsigned m = 0; m < KEEL_MESH_WAYS; m++) /* (a view that left meanwhile is not counted) */
       if ((found >> m & 1) && gr->page[m] == pages[m] && gr->state == G_SHARED) {
         gr->eroded |= (uint8_t)(1u << m);
         st.eroded++;
@@ -438,7 +480,7 @@ static void sweep(void) {
       _keel_prim_file_release(file_fd, group_offset(g), page);
       st.released++;
       gr->state = G_PUNCHED;
-      if (gr->page[0] == 0 && gr->page[1] == 0) group_free(g);
+      if (group_empty(gr)) group_free(g);
     }
     keel_unlock(&table_lock);
   }
@@ -450,9 +492,9 @@ typedef struct pass_s {
   bool stop;
 } pass_t;
 
-static bool visit(void* ctx, unsigned cls, uintptr_t a, uintptr_t b) {
+static bool visit(void* ctx, unsigned cls, const uintptr_t* pages, unsigned n) {
   pass_t* p = (pass_t*)ctx;
-  if (mesh_pair(cls, a, b)) p->meshed++;
+  p->meshed += mesh_group(cls, pages, n);
   keel_lock(&table_lock);
   bool full = st.views + 2 > view_cap;
   keel_unlock(&table_lock);
@@ -528,8 +570,8 @@ void _keel_mesh_verify(void) {
     uintptr_t p = view_keys[i];
     if (p == 0) continue;
     views++;
-    uint32_t v = view_vals[i], g = v >> 1;
-    VERIFY(g < groups_top && groups[g].page[v & 1] == p && groups[g].state != G_FREE);
+    uint32_t v = view_vals[i], g = v >> MEMBER_BITS;
+    VERIFY(g < groups_top && groups[g].page[v & ((1u << MEMBER_BITS) - 1)] == p && groups[g].state != G_FREE);
     /* A view is a page of a live slab of a meshable class that knows it has views. */
     unsigned cls = keel_pagemap_get((void*)p);
     VERIFY(cls >= 1 && cls < KEEL_NUM_CLASSES && _keel_classes[cls].size <= KEEL_MESH_MAX_BLOCK);
@@ -539,7 +581,7 @@ void _keel_mesh_verify(void) {
   for (uint32_t g = 0; g < groups_top; g++) {
     if (groups[g].state == G_FREE) continue;
     live_groups++;
-    for (unsigned m = 0; m < 2; m++)
+    for (unsigned m = 0; m < KEEL_MESH_WAYS; m++)
       if (groups[g].page[m]) VERIFY(view_find(groups[g].page[m]) != SIZE_MAX);
   }
   VERIFY(views == st.views && live_groups == st.groups);

@@ -124,7 +124,7 @@ static uint32_t match(const uint64_t* masks, uint32_t m, unsigned wc, unsigned c
 static void match_groups(const uint64_t* masks, uint32_t m, unsigned wc, match_space_t* sp, uint64_t* rng,
                          keel_mesh_estimate_t* e) {
   for (uint32_t k = 0; k < m; k++) sp->order[k] = k;
-  uint32_t groups = match(masks, m, wc, 8, sp, rng);
+  uint32_t groups = match(masks, m, wc, KEEL_MESH_WAYS, sp, rng);
   for (uint32_t g = 0; g < groups; g++)
     if (sp->members[g] >= 2) {
       e->group_saved += sp->members[g] - 1u;
@@ -203,8 +203,8 @@ static uint32_t copy_bitmaps(unsigned cls, scratch_t* s, size_t reserve_per_slab
   }
 }
 
-/* The estimate for one class (visit NULL), or the plan: the same search and pairing,
- * each pair handed to visit (groups of more than two are only estimated). */
+/* The estimate for one class (visit NULL), or the plan: the same search, and groups of
+ * up to KEEL_MESH_WAYS pages handed to visit. */
 static bool plan_class(unsigned cls, scratch_t* s, uint64_t* rng, keel_mesh_estimate_t* e,
                        keel_mesh_visit_t visit, void* ctx) {
   const keel_class_t* k = &_keel_classes[cls];
@@ -260,16 +260,28 @@ static bool plan_class(unsigned cls, scratch_t* s, uint64_t* rng, keel_mesh_esti
       }
     }
     e->candidates += m;
-    match_pairs(masks, m, wc, n, &sp, rng, e);
     if (visit == NULL) {
+      match_pairs(masks, m, wc, n, &sp, rng, e);
       match_groups(masks, m, wc, &sp, rng, e);
       continue;
     }
+    /* The plan: groups of up to KEEL_MESH_WAYS, each handed over as a list of pages
+     * (partner[] links the members of a group, open[] holds each group's first). */
+    for (uint32_t k2 = 0; k2 < m; k2++) sp.order[k2] = k2;
+    uint32_t groups = match(masks, m, wc, KEEL_MESH_WAYS, &sp, rng);
+    for (uint32_t g = 0; g < groups; g++) sp.open[g] = NONE;
     for (uint32_t c = 0; c < m; c++) {
-      uint32_t p = sp.partner[c];
-      if (p == NONE || p < c) continue;
-      if (!visit(ctx, cls, bases[sp.cand_slab[c]] + j * page, bases[sp.cand_slab[p]] + j * page))
-        return true;
+      uint32_t g = sp.group_of[c];
+      sp.partner[c] = sp.open[g];
+      sp.open[g] = c;
+    }
+    for (uint32_t g = 0; g < groups; g++) {
+      if (sp.members[g] < 2) continue;
+      uintptr_t pages[KEEL_MESH_WAYS];
+      unsigned np = 0;
+      for (uint32_t c = sp.open[g]; c != NONE && np < KEEL_MESH_WAYS; c = sp.partner[c])
+        pages[np++] = bases[sp.cand_slab[c]] + j * page;
+      if (!visit(ctx, cls, pages, np)) return true;
     }
   }
   return true;

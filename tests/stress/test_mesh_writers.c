@@ -195,7 +195,7 @@ int main(void) {
     renewed += writers[t].renewed;
     if (writers[t].max_stall_us > stall) stall = writers[t].max_stall_us;
   }
-  printf("  %ld writes (%ld blocks renewed), %ld pipe reads; meshed %" PRIu64 " pairs during the run, "
+  printf("  %ld writes (%ld blocks renewed), %ld pipe reads; gave back %" PRIu64 " pages during the run, "
          "%" PRIu64 " views now, %" PRIu64 " eroded, %" PRIu64 " left, %" PRIu64 " released\n",
          steps, renewed, writers[WRITERS].steps, ms.meshed - meshed0, ms.views, ms.eroded, ms.left, ms.released);
   printf("  longest operation %.0f us (mean %.0f us); longest block write %.0f us\n", ms.longest_ns / 1e3,
@@ -203,7 +203,7 @@ int main(void) {
   CHECK_MSG(mismatches == 0, "%ld blocks lost a write or read stale data", mismatches);
   CHECK_MSG(pipe_mismatches == 0, "%ld blocks filled by read(2) did not hold their data", pipe_mismatches);
   CHECK_MSG(efaults == 0, "read(2) into a block failed with EFAULT %ld times", efaults);
-  CHECK_MSG(ms.meshed - meshed0 >= 100, "only %" PRIu64 " pairs meshed while writing: the test proved little",
+  CHECK_MSG(ms.meshed - meshed0 >= 100, "only %" PRIu64 " pages meshed while writing: the test proved little",
             ms.meshed - meshed0);
   CHECK(ms.failed == 0);
 

@@ -9,6 +9,8 @@
  *     (a write through one view is never seen through the other: copy-on-write);
  *   - writes are found by the sweep (eroded) and a file page nobody reads is released;
  *   - new blocks allocated onto meshed pages work;
+ *   - 512-byte blocks kept in four slots mesh in groups of four (three pages in four
+ *     given back);
  *   - a forked child sees the parent's heap as it was at fork, and while it lives no
  *     file page is released; after it exits they are, and the written pages mesh anew;
  *   - freeing everything turns the views back into fresh memory (left), the slabs go
@@ -114,7 +116,7 @@ int main(void) {
   long pss1 = pss_kib();
   keel_mesh_stats(&ms);
   size_t pages = nslabs * (65536 / page_size);
-  printf("  %zu pairs of %zu pages; PSS %ld -> %ld KiB; longest operation %.0f us\n", pairs, pages, pss0,
+  printf("  %zu pages given back (pairs) of %zu; PSS %ld -> %ld KiB; longest operation %.0f us\n", pairs, pages, pss0,
          pss1, ms.longest_ns / 1e3);
   CHECK_MSG(pairs * 2 >= pages * 3 / 4, "only %zu pairs", pairs);
   CHECK(ms.meshed == pairs && ms.views == 2 * pairs && ms.groups == pairs && ms.failed == 0);
@@ -194,6 +196,56 @@ int main(void) {
   CHECK(bad == 0);
   CHECK_MSG(check_all() == 0, "%zu blocks wrong after new allocations", check_all());
   for (size_t i = 0; i < 2048; i++) free(fresh[i]);
+
+  TEST_SECTION("groups of four: 512-byte blocks in four slots");
+  {
+    enum { N512 = 64 * 128 };
+    static void* b512[N512];
+    static uintptr_t base512[N512];
+    keel_mesh_now(); /* the 1 KiB class first: written views there mesh anew */
+    for (size_t i = 0; i < N512; i++) {
+      b512[i] = malloc(512);
+      base512[i] = (uintptr_t)b512[i] & ~(uintptr_t)0xFFFF;
+    }
+    qsort(base512, N512, sizeof base512[0], cmp_uptr);
+    size_t ns = 0;
+    for (size_t i = 0; i < N512; i++)
+      if (ns == 0 || base512[ns - 1] != base512[i]) base512[ns++] = base512[i];
+    size_t per = page_size / 512;
+    for (size_t i = 0; i < N512; i++) {
+      uintptr_t base = (uintptr_t)b512[i] & ~(uintptr_t)0xFFFF;
+      size_t ord = (size_t)((uintptr_t*)bsearch(&base, base512, ns, sizeof base, cmp_uptr) - base512);
+      if ((((uintptr_t)b512[i] & 0xFFFF) / 512) % per != ord % 4) {
+        free(b512[i]);
+        b512[i] = NULL;
+      } else {
+        memset(b512[i], (int)(ord & 0xFF), 512);
+      }
+    }
+    keel_purge();
+    keel_mesh_stats_t before;
+    keel_mesh_stats(&before);
+    size_t saved = keel_mesh_now();
+    keel_mesh_stats(&ms);
+    size_t pages512 = ns * (65536 / page_size);
+    uint64_t groups = ms.groups - before.groups, views = ms.views - before.views;
+    printf("  %zu pages of 512-byte blocks: %" PRIu64 " groups, %" PRIu64 " views, %zu pages given back\n",
+           pages512, groups, views, saved);
+    /* Four kinds of page: groups of four give back three pages in four. */
+    CHECK_MSG(saved * 4 >= pages512 * 3 * 3 / 4, "gave back %zu of %zu pages", saved, pages512);
+    CHECK(views == saved + groups && views >= 3 * groups);
+    size_t wrong = 0;
+    for (size_t i = 0; i < N512; i++) {
+      if (b512[i] == NULL) continue;
+      uintptr_t base = (uintptr_t)b512[i] & ~(uintptr_t)0xFFFF;
+      unsigned char want = (unsigned char)((uintptr_t*)bsearch(&base, base512, ns, sizeof base, cmp_uptr) - base512);
+      for (size_t j = 0; j < 512; j++) wrong += ((unsigned char*)b512[i])[j] != want;
+    }
+    CHECK_MSG(wrong == 0, "%zu bytes changed in groups of four", wrong);
+    CHECK_MSG(check_all() == 0, "%zu 1 KiB blocks changed", check_all());
+    _keel_verify();
+    for (size_t i = 0; i < N512; i++) free(b512[i]);
+  }
 
   TEST_SECTION("free everything: views become fresh memory, slabs go, calloc reads zero");
   for (size_t i = 0; i < SLABS * PER_SLAB; i++) free(blocks[i]);
