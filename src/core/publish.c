@@ -9,7 +9,7 @@
  * PID` `profile_request` (the heap profile is written to
  * KEEL_PROFILE_PREFIX.<pid>.req<n>.heap, named in profile_path), and `keel stats PID
  * --mesh` `mesh_request` (the meshing estimate). Nobody looking costs a few loads per
- * purger tick. The layout is fixed (version 4) and documented in docs/design.md; the
+ * purger tick. The layout is fixed (version 5) and documented in docs/design.md; the
  * lab reads it. */
 #include "core/internal.h"
 
@@ -47,6 +47,8 @@ typedef struct keel_published_s {
   uint32_t nmesh;             /* rows filled in `mesh` */
   uint32_t pad3;
   keel_mesh_estimate_t mesh[MESH_ROWS];
+  /* Layout 5: meshing itself (keel_mesh_stats), refreshed with the statistics. */
+  keel_mesh_stats_t mesh_stats;
 } keel_published_t;
 
 _Static_assert(sizeof(keel_stats_t) == 120, "published layout: keel_stats_t is 120 bytes");
@@ -55,6 +57,8 @@ _Static_assert(__builtin_offsetof(keel_published_t, nlocks) == 5280, "published 
 _Static_assert(__builtin_offsetof(keel_published_t, mesh_request) == 5480, "published layout 4");
 _Static_assert(__builtin_offsetof(keel_published_t, mesh) == 5504 && sizeof(keel_mesh_estimate_t) == 72,
                "published layout 4: mesh rows");
+_Static_assert(__builtin_offsetof(keel_published_t, mesh_stats) == 10688 && sizeof(keel_mesh_stats_t) == 96,
+               "published layout 5: mesh statistics");
 
 static keel_published_t* pub;
 static char pub_name[32];
@@ -74,6 +78,8 @@ static void refresh(keel_published_t* p) {
   size_t n = keel_stats_classes(cs, KEEL_NUM_CLASSES - 1);
   keel_lock_stats_t ls[8];
   size_t nl = keel_stats_locks(ls, 8);
+  keel_mesh_stats_t ms;
+  keel_mesh_stats(&ms);
   __atomic_fetch_add(&p->seq, 1, __ATOMIC_ACQ_REL); /* odd: writing */
   p->stats = s;
   memcpy(p->classes, cs, n * sizeof cs[0]);
@@ -84,6 +90,7 @@ static void refresh(keel_published_t* p) {
     p->locks[i].sleeps = ls[i].sleeps;
   }
   p->nlocks = (uint32_t)(nl < 8 ? nl : 8);
+  p->mesh_stats = ms;
   p->updated_ms = _keel_prim_clock_ms();
   __atomic_fetch_add(&p->seq, 1, __ATOMIC_RELEASE); /* even: consistent */
 }
@@ -96,7 +103,7 @@ static void create(void) {
   make_name();
   keel_published_t* p = (keel_published_t*)_keel_prim_publish_create(pub_name, sizeof *p);
   if (p == NULL) return;
-  p->layout_version = 4;
+  p->layout_version = 5;
   p->header_size = (uint32_t)__builtin_offsetof(keel_published_t, classes);
   p->pid = (uint64_t)_keel_prim_getpid();
   __atomic_store_n(&p->magic, PUBLISH_MAGIC, __ATOMIC_RELEASE);
