@@ -1,7 +1,8 @@
 """Reading a running Keel process's statistics from outside, without stopping it.
 
 A process under Keel (after its first second) has /dev/shm/keel-<pid>, mode 0600, laid
-out as below (layout version 4, little-endian; see src/core/publish.c). A reader bumps
+out as below (layout version 5, little-endian; see src/core/publish.c and docs/design.md
+"Statistics another process can read"; layouts 2 to 4 are still read). A reader bumps
 `request`; the process's purger thread refreshes the figures within ~250 ms under a
 sequence lock and copies `request` to `answered`. `purge_request` works the same way
 and makes the process return its free memory to the OS.
@@ -24,14 +25,22 @@ STATS = struct.Struct("<II" + "Q" * len(STATS_FIELDS))  # keel_stats_t: 120 byte
 CLASS = struct.Struct("<QQQQQ")  # keel_class_stats_t
 OFF_REQUEST, OFF_ANSWERED, OFF_PURGE_REQ, OFF_PURGE_ANS, OFF_SEQ = 24, 32, 40, 48, 56
 OFF_PROFILE_REQ, OFF_PROFILE_ANS, OFF_PROFILE_PATH = 80, 88, 96
-LAYOUT_VERSION = 4
-LAYOUTS_READ = (2, 3, 4)  # 2: without the lock counters; 3: without the mesh estimate
+LAYOUT_VERSION = 5
+# 2: without the lock counters; 3: without the mesh estimate; 4: without the mesh stats
+LAYOUTS_READ = (2, 3, 4, 5)
 OFF_NLOCKS = 5280  # after the 120 class entries (layout 3)
 LOCK = struct.Struct("<QQQ")  # acquired, contended, sleeps
 OFF_MESH_REQ, OFF_MESH_ANS, OFF_NMESH, OFF_MESH = 5480, 5488, 5496, 5504  # layout 4
 MESH_FIELDS = ["block_size", "pages", "free_pages", "candidates", "pair_saved", "pair_views",
                "pair_runs", "group_saved", "group_views"]
 MESH_ROW = struct.Struct("<" + "Q" * len(MESH_FIELDS))  # keel_mesh_estimate_t
+OFF_MESH_STATS = 10688  # layout 5: keel_mesh_stats_t, refreshed with the statistics
+MESH_STATS_FIELDS = ["groups", "views", "view_limit", "file_bytes", "meshed", "failed", "eroded",
+                     "left", "released", "longest_ns", "busy_ns"]
+MESH_STATS = struct.Struct("<II" + "Q" * len(MESH_STATS_FIELDS))  # 96 bytes
+MESH_STATE_OFF, MESH_STATE_ON, MESH_STATE_REFUSED, MESH_STATE_CHILD = 0, 1, 2, 3
+MESH_STATES = {0: "off", 1: "on", 2: "refused", 3: "forked child"}
+MESH_BARRIERS = {0: "none (yet)", 1: "user mode", 2: "kernel"}
 LOCK_NAMES = ["central", "page heap", "huge", "threads", "metadata", "page map", "profile",
               "quarantine"]
 
@@ -61,6 +70,16 @@ class Snapshot:
     updated_ms: int
     purged_on_request: int
     locks: dict = None  # name -> {"acquired", "contended", "sleeps"} (layout 3)
+    # Meshing's own counters (keel_mesh_stats_t, layout 5; None before): "state" and
+    # "barrier" (numbers, MESH_STATES / MESH_BARRIERS name them), then MESH_STATS_FIELDS.
+    mesh_stats: dict | None = None
+    layout: int = 0
+
+
+def parse_mesh_stats(buf, offset: int = OFF_MESH_STATS) -> dict:
+    """keel_mesh_stats_t (include/keel.h) at `offset` of a buffer, as a dict."""
+    state, barrier, *rest = MESH_STATS.unpack_from(buf, offset)
+    return {"state": state, "barrier": barrier, **dict(zip(MESH_STATS_FIELDS, rest))}
 
 
 def shm_path(pid: int) -> Path:
@@ -116,7 +135,8 @@ def _bump_and_wait(m: mmap.mmap, req_off: int, ans_off: int, timeout: float) -> 
         time.sleep(0.02)
 
 
-def _read_consistent(m: mmap.mmap, pid: int) -> Snapshot:
+def _read_consistent(m, pid: int) -> Snapshot:
+    """The figures in a published file's mapping (or any buffer holding one)."""
     for _ in range(100):
         seq1 = struct.unpack_from("<Q", m, OFF_SEQ)[0]
         if seq1 % 2:
@@ -133,8 +153,11 @@ def _read_consistent(m: mmap.mmap, pid: int) -> Snapshot:
             for i in range(min(nlocks, len(LOCK_NAMES))):
                 locks[LOCK_NAMES[i]] = dict(zip(("acquired", "contended", "sleeps"),
                                                 LOCK.unpack_from(m, OFF_NLOCKS + 8 + i * LOCK.size)))
+        mesh_stats = (parse_mesh_stats(m) if header[1] >= 5 and len(m) >= OFF_MESH_STATS + MESH_STATS.size
+                      else None)
         if struct.unpack_from("<Q", m, OFF_SEQ)[0] == seq1:
-            return Snapshot(pid, dict(zip(STATS_FIELDS, st[2:])), classes, updated_ms, purged, locks)
+            return Snapshot(pid, dict(zip(STATS_FIELDS, st[2:])), classes, updated_ms, purged, locks,
+                            mesh_stats, header[1])
     raise LiveError("could not read a consistent snapshot")
 
 

@@ -85,6 +85,46 @@ def _mesh_table(rows: list[dict], page: int, rss_kib: int):
     return t
 
 
+def mesh_stats_doc(ms: dict | None) -> dict | None:
+    """The published meshing counters for --json (None when meshing is off or the
+    process's Keel predates layout 5), with the state and barrier also named."""
+    if not ms or ms["state"] == live.MESH_STATE_OFF:
+        return None
+    return {**ms, "state_name": live.MESH_STATES.get(ms["state"], str(ms["state"])),
+            "barrier_name": live.MESH_BARRIERS.get(ms["barrier"], str(ms["barrier"]))}
+
+
+def _mesh_stats_table(ms: dict, page: int):
+    """What meshing (KEEL_MESH=on) has done in the process: keel_mesh_stats_t."""
+    from rich.table import Table
+    t = Table(title="meshing (KEEL_MESH=on; docs/meshing.md)", title_justify="left",
+              show_header=False)
+    t.add_column("figure", style="bold")
+    t.add_column("value", justify="right")
+    t.add_column("meaning")
+    state = live.MESH_STATES.get(ms["state"], str(ms["state"]))
+    what = {live.MESH_STATE_ON: "meshing runs in the purger",
+            live.MESH_STATE_REFUSED: "impossible here: see the warning the process printed",
+            live.MESH_STATE_CHILD: "a forked child: its parent owns the views"}.get(ms["state"], "")
+    t.add_row("state", state, what)
+    t.add_row("barrier", live.MESH_BARRIERS.get(ms["barrier"], str(ms["barrier"])),
+              "write barrier (userfaultfd write-protection)")
+    t.add_row("groups", f"{ms['groups']:,}", "file pages shared by views now (2 to 8 views each)")
+    t.add_row("views", f"{ms['views']:,} / {ms['view_limit']:,}",
+              "views now / the mapping budget (a third of vm.max_map_count)")
+    t.add_row("mesh file", _mib(ms["file_bytes"]), "memory the mesh file holds")
+    t.add_row("given back", f"{ms['meshed']:,} pages ({_mib(ms['meshed'] * page)})",
+              "pages given back by meshing since start")
+    t.add_row("eroded", f"{ms['eroded']:,}", "views written since (their page is private again)")
+    t.add_row("left", f"{ms['left']:,}", "views replaced by fresh memory once their blocks were free")
+    t.add_row("released", f"{ms['released']:,}", "file pages given back once no view read them")
+    t.add_row("failed", f"{ms['failed']:,}", "operations given up (the kernel refused a step)")
+    t.add_row("longest", f"{ms['longest_ns'] / 1e6:,.2f} ms",
+              "the longest operation: writers to its pages waited this long")
+    t.add_row("busy", f"{ms['busy_ns'] / 1e9:,.3f} s", "time spent in operations since start")
+    return t
+
+
 def cmd_stats(args) -> int:
     try:
         snap = live.read(args.pid)
@@ -97,6 +137,9 @@ def cmd_stats(args) -> int:
     if args.json:
         doc = {"pid": snap.pid, "rss_bytes": rss * 1024, **snap.stats, "locks": snap.locks or {},
                "classes": [c.__dict__ for c in snap.classes if c.slabs or c.blocks_in_use]}
+        mesh_doc = mesh_stats_doc(snap.mesh_stats)
+        if mesh_doc is not None:
+            doc["mesh_stats"] = mesh_doc
         if mesh is not None:
             doc["mesh_estimate"] = {"classes": mesh, **live.mesh_totals(mesh, page)}
         print(json.dumps(doc, indent=1))
@@ -105,6 +148,8 @@ def cmd_stats(args) -> int:
     con = Console(highlight=False, width=120)
     con.print(_summary_table(snap, rss, None, 0))
     con.print(_classes_table(snap, args.classes))
+    if mesh_stats_doc(snap.mesh_stats) is not None:
+        con.print(_mesh_stats_table(snap.mesh_stats, page))
     if mesh is not None:
         con.print(_mesh_table(mesh, page, rss))
     return 0

@@ -1,11 +1,13 @@
 """keel stats / top / purge / profile against real processes running under Keel."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import tempfile
 import time
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import keel
+from keel_lab import live, livecmd
 
 HOG = r"""
 #include <stdio.h>
@@ -228,5 +231,170 @@ def test_stats_mesh_estimate(tmp_path, cc, keel_path):
         assert est["pair_saved_bytes"] >= row["pair_saved"] * page
         text = keel("stats", str(p.pid), "--mesh", check=True).stdout
         assert "meshing estimate" in text and "1008 B" in text
+    finally:
+        stop(p)
+
+
+# ---- published layouts, from synthetic files -------------------------------------------
+# Offsets written out from src/core/publish.c's keel_published_t (its _Static_asserts),
+# not taken from keel_lab.live, so a slip in either shows.
+
+def published_bytes(version: int, pid: int, mesh: tuple | None = None) -> bytearray:
+    """A /dev/shm/keel-<pid> as a Keel of layout `version` writes it: two size classes,
+    two locks, `answered` far ahead (a reader's request counts as answered at once) and,
+    for layout 5, keel_mesh_stats_t = `mesh` (state, barrier, then 11 counters)."""
+    buf = bytearray(10688 + (96 if version >= 5 else 0))
+    struct.pack_into("<QIIQ", buf, 0, live.MAGIC, version, 480, pid)
+    struct.pack_into("<Q", buf, 32, 1 << 40)                 # answered
+    struct.pack_into("<QQQ", buf, 56, 2, 123456, 0)           # seq (even), updated_ms, purged
+    struct.pack_into("<I", buf, 352, 2)                       # nclasses
+    stats = [7 << 20, 8 << 20, 1 << 20, 64 << 20, 10 << 20, 0, 1 << 19, 0, 3 << 20, 5, 2, 3,
+             4096, 2 << 20]
+    struct.pack_into("<II14Q", buf, 360, 0, 0, *stats)        # keel_stats_t
+    struct.pack_into("<5Q", buf, 480, 1008, 4000, 100, 1100, 1100 * 65536)
+    struct.pack_into("<5Q", buf, 520, 16, 50, 10, 1, 65536)
+    if version >= 3:
+        struct.pack_into("<I", buf, 5280, 2)                  # nlocks
+        struct.pack_into("<6Q", buf, 5288, 1000, 10, 1, 200, 2, 0)
+    if version >= 5:
+        struct.pack_into("<II11Q", buf, 10688, *mesh)
+    return buf
+
+
+MESH_ON = (1, 2, 40, 100, 21843, 40 * 4096, 60, 1, 7, 3, 2, 1_500_000, 250_000_000)
+
+
+@pytest.fixture
+def fake_published(tmp_path, monkeypatch):
+    """Writes a synthetic statistics file for this test's own PID and points
+    live.shm_path at it; returns the writer."""
+    def write(buf: bytearray) -> int:
+        path = tmp_path / f"keel-{os.getpid()}"
+        path.write_bytes(bytes(buf))
+        monkeypatch.setattr(live, "shm_path", lambda pid: path)
+        return os.getpid()
+    return write
+
+
+def test_parse_layout5_mesh_stats(fake_published):
+    assert live.LAYOUT_VERSION == 5 and set(live.LAYOUTS_READ) == {2, 3, 4, 5}
+    pid = fake_published(published_bytes(5, os.getpid(), MESH_ON))
+    snap = live.read(pid, timeout=0.5)
+    assert snap.layout == 5
+    assert snap.stats["allocated"] == 7 << 20 and snap.stats["os_page_size"] == 4096
+    assert [c.block_size for c in snap.classes] == [1008, 16]
+    assert snap.locks["central"]["acquired"] == 1000 and snap.locks["page heap"]["contended"] == 2
+    assert snap.mesh_stats == {"state": 1, "barrier": 2, "groups": 40, "views": 100,
+                               "view_limit": 21843, "file_bytes": 40 * 4096, "meshed": 60,
+                               "failed": 1, "eroded": 7, "left": 3, "released": 2,
+                               "longest_ns": 1_500_000, "busy_ns": 250_000_000}
+    # the same figures from a plain buffer
+    assert live._read_consistent(bytes(published_bytes(5, 42, MESH_ON)), 42).mesh_stats == snap.mesh_stats
+
+
+@pytest.mark.parametrize("version", [2, 3, 4])
+def test_older_layouts_still_read(fake_published, version):
+    pid = fake_published(published_bytes(version, os.getpid()))
+    snap = live.read(pid, timeout=0.5)
+    assert snap.layout == version and snap.mesh_stats is None
+    assert snap.stats["allocated"] == 7 << 20 and len(snap.classes) == 2
+    assert bool(snap.locks) == (version >= 3)
+
+
+def test_unknown_layout_refused(fake_published):
+    pid = fake_published(published_bytes(6, os.getpid(), MESH_ON))
+    with pytest.raises(live.LiveError, match="known layout"):
+        live.read(pid, timeout=0.5)
+
+
+def _stats_cmd(pid: int, as_json: bool) -> None:
+    livecmd.cmd_stats(argparse.Namespace(pid=pid, json=as_json, mesh=False, classes=10))
+
+
+def test_stats_shows_meshing(fake_published, capsys):
+    pid = fake_published(published_bytes(5, os.getpid(), MESH_ON))
+    _stats_cmd(pid, True)
+    doc = json.loads(capsys.readouterr().out)
+    ms = doc["mesh_stats"]
+    assert ms["state_name"] == "on" and ms["barrier_name"] == "kernel"
+    assert ms["views"] == 100 and ms["meshed"] == 60 and ms["longest_ns"] == 1_500_000
+    _stats_cmd(pid, False)
+    out = capsys.readouterr().out
+    assert "meshing (KEEL_MESH=on" in out
+    for text in ("kernel", "100 / 21,843", "60 pages (0.2 MiB)", "1.50 ms", "0.250 s"):
+        assert text in out, (text, out)
+
+
+@pytest.mark.parametrize("version,mesh", [(5, (0,) * 13), (4, None)])
+def test_stats_without_meshing_unchanged(fake_published, capsys, version, mesh):
+    pid = fake_published(published_bytes(version, os.getpid(), mesh))
+    _stats_cmd(pid, True)
+    assert "mesh_stats" not in json.loads(capsys.readouterr().out)
+    _stats_cmd(pid, False)
+    out = capsys.readouterr().out
+    assert "busiest size classes" in out and "meshing" not in out
+
+
+def test_suite_mesh_metrics(fake_published):
+    from keel_lab.suites.base import mesh_stats_metrics, published_mesh_stats
+    pid = fake_published(published_bytes(5, os.getpid(), MESH_ON))
+    ms = published_mesh_stats(pid)
+    assert mesh_stats_metrics(ms, "idle_1KiB") == {
+        "mesh_pages_idle_1KiB": 60, "mesh_longest_ms_idle_1KiB": 1.5,
+        "mesh_busy_s_idle_1KiB": 0.25, "mesh_eroded_idle_1KiB": 7,
+        "mesh_file_kib_idle_1KiB": 160}
+    assert mesh_stats_metrics(ms, None, ("views", "pages", "longest_ms")) == {
+        "mesh_views": 100, "mesh_pages": 60, "mesh_longest_ms": 1.5}
+    # meshing refused, off, a layout-4 Keel, or nothing published: nothing recorded
+    assert mesh_stats_metrics({**ms, "state": 2}, "x") == {}
+    assert mesh_stats_metrics(None, "x") == {}
+    fake_published(published_bytes(4, os.getpid()))
+    assert published_mesh_stats(pid) is None
+    assert published_mesh_stats(999999999) is None
+
+
+MESHY = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+/* 40,000 blocks of 1000 B (the 1008 B class, 4 a page), 7 in 10 freed at random:
+   sparse pages that meshing can put together. */
+int main(int argc, char** argv) {
+  static void* p[40000];
+  srand(11);
+  for (int i = 0; i < 40000; i++) p[i] = malloc(1000);
+  for (int i = 0; i < 40000; i++) if (rand() % 10 < 7) { free(p[i]); p[i] = 0; }
+  printf("ready\n");
+  fflush(stdout);
+  sleep(atoi(argv[1]));
+  return 0;
+}
+"""
+
+
+def test_stats_show_meshing_of_a_real_process(tmp_path, cc, keel_path):
+    src, exe = tmp_path / "meshy.c", tmp_path / "meshy"
+    src.write_text(MESHY)
+    subprocess.run([cc, "-O1", "-fno-builtin", str(src), "-o", str(exe)], check=True)
+    p = start_under_keel(exe, keel_path, {"KEEL_MESH": "on"})
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            ms = live.read(p.pid).mesh_stats
+            assert ms is not None, "libkeel does not publish layout 5"
+            if ms["state"] == live.MESH_STATE_REFUSED:
+                pytest.skip("meshing refused here (needs /dev/userfaultfd: root, or "
+                            "vm.unprivileged_userfaultfd=1)")
+            if ms["views"] > 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        s = json.loads(keel("stats", str(p.pid), "--json", check=True).stdout)
+        m = s["mesh_stats"]
+        assert m["state"] == 1 and m["state_name"] == "on", m
+        assert m["views"] > 0 and m["meshed"] > 0 and m["groups"] > 0, m
+        assert m["views"] <= m["view_limit"] and m["barrier"] in (1, 2)
+        assert m["file_bytes"] >= m["groups"] * s["os_page_size"] // 2
+        text = keel("stats", str(p.pid), check=True).stdout
+        assert "meshing (KEEL_MESH=on" in text and "given back" in text
     finally:
         stop(p)
