@@ -21,6 +21,9 @@ NOISY = 0.10            # spread above which a median is flagged as noisy
 _HIGHER = re.compile(r"(throughput|tps|qps|ops|per_s|_rate|hit)", re.I)
 _LOWER = re.compile(r"(_ms|_us|_ns|_s|_kib|_mib|_bytes|_pages|rss|frag|time|latency|faults|"
                     r"overhead|_geomean)$|^(rss|frag|wall|cpu)", re.I)
+# what meshing did (pages given back, views, views written since): counts to read, not
+# scores (mesh_pages would otherwise read as "pages, lower is better")
+_NEUTRAL = re.compile(r"^mesh_(pages|views|eroded)", re.I)
 
 # what recommend/report call the "headline" metrics of a suite, in order of preference
 SPEED_KEYS = ("throughput", "tps", "qps", "ops_per_s", "wall_s_geomean", "wall_s", "start_ms")
@@ -36,6 +39,8 @@ class ResultsError(RuntimeError):
 def direction(metric: str) -> Optional[str]:
     """'higher' or 'lower' (is better), or None when the name does not say."""
     base = metric.rsplit(".", 1)[-1]
+    if _NEUTRAL.search(base):
+        return None
     if _HIGHER.search(base):
         return "higher"
     if _LOWER.search(base):

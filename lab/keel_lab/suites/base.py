@@ -22,6 +22,7 @@ KeyboardInterrupt (use try/finally and keel_lab.servers helpers).
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -64,6 +65,53 @@ def mesh_estimate_metrics(pid: int, rss_kib: int, suffix: str) -> dict:
             f"mesh_est_pairs_mappings_{suffix}": tot["pair_runs"],
             f"mesh_est_groups_rss_kib_{suffix}": rss_kib - tot["group_saved_bytes"] // 1024,
             f"mesh_est_groups_views_{suffix}": tot["group_views"]}
+
+
+def published_mesh_stats(pid: int, timeout: float = 1.0) -> Optional[dict]:
+    """Meshing's own counters (keel_mesh_stats_t) as a running process under Keel
+    publishes them (live.read: layout 5), or None when they cannot be had: another
+    allocator (no /dev/shm/keel-<pid>), a Keel before layout 5, a process in its first
+    second (nothing published yet) or one that did not answer within `timeout` (its
+    purger answers within ~250 ms). Never raises: the suites record nothing then."""
+    from .. import live
+    if not live.shm_path(pid).exists():
+        return None
+    try:
+        return live.read(pid, timeout=timeout).mesh_stats
+    except (live.LiveError, OSError, ValueError, struct.error):
+        return None
+
+
+# metric name (mesh_<name>[_<suffix>]) -> its value from keel_mesh_stats_t
+MESH_STATS_METRICS = {
+    "pages": lambda ms: ms["meshed"],                          # given back since start
+    "longest_ms": lambda ms: round(ms["longest_ns"] / 1e6, 3),  # writers waited this long
+    "busy_s": lambda ms: round(ms["busy_ns"] / 1e9, 3),
+    "eroded": lambda ms: ms["eroded"],
+    "file_kib": lambda ms: ms["file_bytes"] // 1024,
+    "views": lambda ms: ms["views"],
+}
+MESH_STATS_PHASE = ("pages", "longest_ms", "busy_s", "eroded", "file_kib")
+
+
+def mesh_stats_metrics(ms: Optional[dict], suffix: Optional[str] = None,
+                       names: tuple[str, ...] = MESH_STATS_PHASE) -> dict:
+    """mesh_<name>_<suffix> (mesh_<name> without a suffix) for each of `names` (keys of
+    MESH_STATS_METRICS) from published_mesh_stats' answer, when meshing is on and
+    running (state 1); empty otherwise (no answer, KEEL_MESH off, refused, a child)."""
+    from .. import live
+    if not ms or ms.get("state") != live.MESH_STATE_ON:
+        return {}
+    tail = f"_{suffix}" if suffix else ""
+    return {f"mesh_{n}{tail}": MESH_STATS_METRICS[n](ms) for n in names}
+
+
+MESH_STATS_NOTE = ("mesh_pages_*: pages meshing gave back since the server started; "
+                   "mesh_longest_ms_*: its longest operation (writers to those pages waited "
+                   "that long); mesh_busy_s_*: time spent in operations; mesh_eroded_*: views "
+                   "written since (private again); mesh_file_kib_*: the mesh file. From the "
+                   "server's published statistics (keel_mesh_stats), only while meshing runs "
+                   "(keel+mesh).")
 
 
 HELD_NOTE = ("held_*_kib is the memory the server holds with Keel's meshed pages counted "

@@ -7,8 +7,8 @@ import re
 # servers is imported as a module, names looked up at run time: keel_lab.servers
 # imports keel_lab.suites (for SuiteError), which imports this module.
 from .. import servers as sv
-from .base import (HELD_NOTE, Suite, SuiteContext, SuiteError, cpu_us_per_txn, held_metrics,
-                   mesh_estimate_metrics)
+from .base import (HELD_NOTE, MESH_STATS_NOTE, Suite, SuiteContext, SuiteError, cpu_us_per_txn,
+                   held_metrics, mesh_estimate_metrics, mesh_stats_metrics, published_mesh_stats)
 from .redis import geomean, opt_float, opt_list, opt_env, size_mode
 
 
@@ -162,7 +162,9 @@ class MariaDBPool(Suite):
     each idle (there also held_idle_kib_cycleN, meshed pages counted once: the one to
     compare under keel+mesh, pss_idle_kib_cycleN and mesh_views_idle_cycleN); under Keel
     also what meshing could give back after the last idle
-    (keel stats --mesh; docs/meshing.md). Options (--set mariadb-pool.KEY=VALUE):
+    (keel stats --mesh; docs/meshing.md), and while it meshes what meshing did so far
+    (mesh_pages_idle_cycleN, mesh_longest_ms_, mesh_busy_s_, mesh_eroded_, mesh_file_kib_:
+    its published statistics). Options (--set mariadb-pool.KEY=VALUE):
     threads, seconds, idle_seconds, cycles, extra_env, tiny."""
 
     name = "mariadb-pool"
@@ -209,6 +211,7 @@ class MariaDBPool(Suite):
                     m[f"rss_idle_kib_cycle{c}"] = srv.rss_kib()
                     held = held_metrics(srv.pid, "idle", f"cycle{c}")
                     m.update(held)
+                    m.update(mesh_stats_metrics(published_mesh_stats(srv.pid), f"idle_cycle{c}"))
                     idle_rec = {"phase": f"idle {c}", "rss_kib": m[f"rss_idle_kib_cycle{c}"]}
                     if f"held_idle_kib_cycle{c}" in held:
                         idle_rec["held_kib"] = held[f"held_idle_kib_cycle{c}"]
@@ -229,6 +232,8 @@ class MariaDBPool(Suite):
                 "threads; their caches stay).")
             result["notes"].append("held_final_kib: held_idle_kib after the last idle. "
                                    + HELD_NOTE)
+            if any(k.startswith("mesh_pages_") for k in m):
+                result["notes"].append(MESH_STATS_NOTE)
         finally:
             srv.stop(timeout=60)
         return result

@@ -12,7 +12,8 @@ from typing import Optional
 # servers is imported as a module, names looked up at run time: keel_lab.servers
 # imports keel_lab.suites (for SuiteError), which imports this module.
 from .. import servers as sv
-from .base import HELD_NOTE, Suite, SuiteContext, SuiteError, held_metrics, mesh_estimate_metrics
+from .base import (HELD_NOTE, MESH_STATS_NOTE, Suite, SuiteContext, SuiteError, held_metrics,
+                   mesh_estimate_metrics, mesh_stats_metrics, published_mesh_stats)
 
 KEY_FMT = "key:%012d"          # the keys redis-benchmark -r makes of __rand_int__
 
@@ -129,7 +130,9 @@ class RedisFrag(RedisSuite):
     mem_fragmentation_ratio ("phases", "<phase> <size>"); RSS over the idle phase in
     series rss_kib_<size> (and over the whole run in run_rss_kib_<size>). Next to each
     rss_<phase>_kib_<size>: held_<phase>_kib_<size> (meshed pages counted once; the one
-    to compare under keel+mesh), pss_<phase>_kib_<size>, mesh_views_<phase>_<size>.
+    to compare under keel+mesh), pss_<phase>_kib_<size>, mesh_views_<phase>_<size>;
+    while Keel meshes, what meshing did so far (its published statistics):
+    mesh_pages_<phase>_<size>, mesh_longest_ms_, mesh_busy_s_, mesh_eroded_, mesh_file_kib_.
     Options (--set redis-frag.KEY=VALUE): idle_seconds, value_sizes=3,1024,
     extra_env=NAME=VALUE,..., tiny=1 (test size)."""
 
@@ -177,6 +180,8 @@ class RedisFrag(RedisSuite):
             "(Redis' default; it only works with its own jemalloc).",
             "held_final_kib: held_idle_kib summed over the value sizes. " + HELD_NOTE,
         ]
+        if any(k.startswith("mesh_pages_") for k in m):
+            result["notes"].append(MESH_STATS_NOTE)
         return result
 
     def _one(self, ctx, result, label, vsize, keys, fill, over, idle, base_frac, span,
@@ -213,6 +218,7 @@ class RedisFrag(RedisSuite):
                     result["phases"].append(rec)
                     m[f"rss_{name}_kib_{label}"] = rss
                     m.update(held)
+                    m.update(mesh_stats_metrics(published_mesh_stats(srv.pid), f"{name}_{label}"))
                     m[f"used_memory_{name}_kib_{label}"] = rec["used_memory_kib"]
                     m[f"keys_{name}_{label}"] = int(client.command("DBSIZE"))
                     if name != "idle":
@@ -271,7 +277,9 @@ class RedisFrag(RedisSuite):
 
 class RedisOps(RedisSuite):
     """redis-benchmark -t set,get,lpush,lpop with -P 16 -c 50 and with -c 200 unpipelined
-    (--csv: rps, avg/p50/p95/p99 latency per test), server RSS sampled throughout.
+    (--csv: rps, avg/p50/p95/p99 latency per test), server RSS sampled throughout. While
+    Keel meshes (keel+mesh), after the run: mesh_views (views now), mesh_pages (pages given
+    back) and mesh_longest_ms (its longest operation) from its published statistics.
     Options: extra_env, tiny."""
 
     name = "redis-ops"
@@ -316,6 +324,17 @@ class RedisOps(RedisSuite):
                         p99.append(rec.get("p99_latency_ms", 0))
                         means.append(rec.get("avg_latency_ms", 0))
             srv.check_alive("the run")
+            ms = published_mesh_stats(srv.pid)
+            mesh = mesh_stats_metrics(ms, None, ("views", "pages", "longest_ms"))
+            m.update(mesh)
+            if mesh:
+                result["notes"].append(
+                    "mesh_views: views meshing had at the end; mesh_pages: pages it gave back "
+                    "during the run; mesh_longest_ms: its longest operation (writers to those "
+                    "pages waited that long). From the server's published statistics.")
+            elif ms and ms["state"] != 0:
+                result["notes"].append(f"KEEL_MESH was on but meshing did not run (state "
+                                       f"{ms['state']}: 2 refused, 3 a forked child)")
             m["throughput"] = geomean(rps)
             m["p50_ms"] = _mean(p50)
             m["p95_ms"] = _mean(p95)
