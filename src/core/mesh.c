@@ -45,6 +45,7 @@ enum { G_FREE = 0, G_SHARED, G_PUNCHED };
 typedef struct mesh_group_s {
   uintptr_t page[KEEL_MESH_WAYS]; /* the views (0: none, or replaced by fresh memory) */
   uint32_t next_free;
+  uint32_t epoch; /* forks made while views existed, when it was made */
   uint8_t state;
   uint8_t eroded; /* bit m: view m was written (it has a private copy) */
 } mesh_group_t;
@@ -75,9 +76,14 @@ static uintptr_t* view_keys;
 static uint32_t* view_vals;
 static size_t view_slots; /* a power of two, or 0 */
 
-static int pipes[PIPES_MAX]; /* read ends: one per fork while views existed */
+/* Forks. A child maps the groups that existed when it was forked, so their file pages
+ * stay until it is gone. Each fork made while views exist starts a new epoch; a group
+ * records the epoch it was made in, each child's pipe the epoch it was forked in. */
+static uint32_t epoch;
+static int pipes[PIPES_MAX]; /* read ends: one per such fork */
+static uint32_t pipe_epoch[PIPES_MAX];
 static unsigned npipes;
-static bool lost_child; /* a child we could not track: nothing is released any more */
+static int64_t lost_epoch = -1; /* the last child we could not track (it may live on) */
 static int new_pipe[2] = {-1, -1};
 
 static uint64_t view_cap, budget_tick;
@@ -176,7 +182,9 @@ static uint64_t group_offset(uint32_t g) { return (uint64_t)g * _keel_page_size;
 /* Table lock held. Whether the file page of g may be released now: no view reads it and
  * no forked child may map it. */
 static bool group_releasable(const mesh_group_t* gr) {
-  if (in_child || lost_child || npipes > 0) return false;
+  if (in_child || (int64_t)gr->epoch <= lost_epoch) return false;
+  for (unsigned i = 0; i < npipes; i++)
+    if (gr->epoch <= pipe_epoch[i]) return false; /* that child may map it */
   for (unsigned m = 0; m < KEEL_MESH_WAYS; m++)
     if (gr->page[m] && !(gr->eroded >> m & 1)) return false;
   return true;
@@ -355,6 +363,7 @@ static size_t mesh_group(unsigned cls, const uintptr_t* cand, unsigned ncand) {
     mesh_group_t* gr = &groups[g];
     memset(gr->page, 0, sizeof gr->page);
     gr->eroded = 0;
+    gr->epoch = epoch;
     gr->state = G_SHARED;
     unsigned member = 0;
     for (unsigned m = 0; m < n; m++) {
@@ -442,7 +451,9 @@ static void reap_children(void) {
   for (unsigned i = 0; i < npipes;) {
     if (_keel_prim_pipe_closed(pipes[i])) {
       _keel_prim_close(pipes[i]);
-      pipes[i] = pipes[--npipes];
+      npipes--;
+      pipes[i] = pipes[npipes];
+      pipe_epoch[i] = pipe_epoch[npipes];
     } else {
       i++;
     }
@@ -591,21 +602,26 @@ void _keel_mesh_verify(void) {
 /* ---- fork ---------------------------------------------------------------------------- */
 
 /* Before fork, with no operation in flight: a child maps every view as it is now, so
- * while it lives no file page it may read is released. A pipe tells when it is gone:
- * the child (and its own children) hold the write end until they exit or exec. */
+ * while it lives no file page of a group made so far is released. A pipe tells when it
+ * is gone: the child (and its own children) hold the write end until they exit or
+ * exec. Groups made after the fork are not the child's and go on as usual. */
 void _keel_mesh_lock_all(void) {
   keel_lock(&mesh_lock);
   new_pipe[0] = new_pipe[1] = -1;
-  if (st.groups > 0 && !in_child && !lost_child && !_keel_prim_pipe(new_pipe)) lost_child = true;
+  if (st.groups == 0 || in_child) return;
+  if (!_keel_prim_pipe(new_pipe)) lost_epoch = epoch;
+  epoch++;
 }
 
 void _keel_mesh_unlock_all(void) {
   if (new_pipe[1] >= 0) {
     _keel_prim_close(new_pipe[1]);
-    if (npipes < PIPES_MAX) pipes[npipes++] = new_pipe[0];
-    else {
+    if (npipes < PIPES_MAX) {
+      pipes[npipes] = new_pipe[0];
+      pipe_epoch[npipes++] = epoch - 1;
+    } else { /* too many children at once: the groups made so far keep their pages */
       _keel_prim_close(new_pipe[0]);
-      lost_child = true; /* too many children at once: their file pages stay */
+      lost_epoch = epoch - 1;
     }
   }
   keel_unlock(&mesh_lock);
