@@ -89,6 +89,7 @@ static int new_pipe[2] = {-1, -1};
 static uint64_t view_cap, budget_tick;
 static uint32_t sweep_cursor;
 static uint64_t last_plan[KEEL_NUM_CLASSES];
+static unsigned resume_class; /* the class whose plan the last pass cut short (0: none) */
 static _Alignas(64) unsigned char image[KEEL_MESH_MAX_PAGE];
 
 static keel_mesh_stats_t st; /* counters under table_lock */
@@ -527,15 +528,26 @@ static size_t pass(uint64_t budget_ns, bool every_class) {
   reap_children();
   sweep();
   if (_keel_thp_purge_granule() > _keel_page_size) return 0; /* never split huge pages */
+  keel_lock(&table_lock);
+  bool full = st.views + 2 > view_cap; /* (the sweep may have made room) */
+  keel_unlock(&table_lock);
+  if (full) return 0;
   pass_t p = {_keel_prim_clock_ns() + budget_ns, 0, false};
   uint64_t now = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
-  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES && !p.stop; cls++) {
+  /* A class whose last plan ran out of time goes first, and again on the next tick;
+   * the others are planned at most once a second (planning reads every partly used
+   * slab's bitmap: wasted work when little changed). */
+  unsigned first = resume_class;
+  resume_class = 0;
+  for (unsigned i = 0; i < KEEL_NUM_CLASSES && !p.stop; i++) {
+    unsigned cls = i == 0 ? first : i;
+    if (cls == 0 || (i > 0 && cls == first)) continue;
     if (_keel_classes[cls].size > KEEL_MESH_MAX_BLOCK) break;
     if (!class_sparse(cls)) continue;
-    /* A class is planned at most once a second by the purger. */
-    if (!every_class && last_plan[cls] && now - last_plan[cls] < 4) continue;
+    if (!every_class && cls != first && last_plan[cls] && now - last_plan[cls] < 4) continue;
     last_plan[cls] = now;
     _keel_mesh_plan(cls, visit, &p);
+    if (p.stop) resume_class = cls;
   }
   return p.meshed;
 }
