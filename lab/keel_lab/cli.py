@@ -226,7 +226,7 @@ def cmd_deploy(args) -> int:
         return EXIT_USAGE
     name, unit = args.name_unit[0], (args.name_unit[1] if len(args.name_unit) > 1 else None)
     try:
-        print(snippet(name, args.target, unit, args.build_dir), end="")
+        print(snippet(name, args.target, unit, args.build_dir, mesh=args.mesh), end="")
     except DeployError as e:
         err(str(e))
         return EXIT_USAGE
@@ -384,17 +384,26 @@ Only one benchmark runs at a time per machine (shared lock with bench/run.py).
 Prints (does not apply) what makes a service use the allocator: a systemd drop-in with
 LD_PRELOAD, mysqld_safe's malloc-lib, or PostgreSQL's cluster environment file, with
 where to put it and the commands to reload, restart and check.
+--mesh (Keel only) also sets KEEL_MESH=on and prints what meshing needs on the machine:
+a sysctl.d file for vm.max_map_count, a udev rule giving a group /dev/userfaultfd, and
+how to check it works (keel stats PID). Without access to /dev/userfaultfd libkeel warns
+and runs without meshing.
 
   keel deploy keel --for redis                 (unit redis-server.service)
   keel deploy jemalloc --for mariadb
   keel deploy keel --for postgres 15/main
-  keel deploy keel --for systemd myapp.service""")
+  keel deploy keel --for systemd myapp.service
+  keel deploy keel --for redis --mesh          (with meshing, docs/meshing.md)""")
     d.add_argument("name_unit", nargs="+", metavar="NAME [UNIT]",
                    help=f"allocator ({', '.join(ALL_NAMES)} or a path to a .so), then for "
                         f"--for systemd the unit (optional for the others: redis-server, "
                         f"mariadb; postgres: the cluster, e.g. 15/main)")
     d.add_argument("--for", dest="target", required=True,
                    choices=["mariadb", "redis", "postgres", "systemd"])
+    d.add_argument("--mesh", action="store_true",
+                   help="Keel only: also turn meshing on (KEEL_MESH=on) and print the "
+                        "machine settings it needs (vm.max_map_count, /dev/userfaultfd "
+                        "group) and how to check it")
     d.set_defaults(func=cmd_deploy)
 
     o = sub.add_parser("options", help="Keel's run-time options (KEEL_* variables)")

@@ -113,6 +113,7 @@ def test_deploy_postgres_uses_the_cluster_environment_file(jemalloc_path):
 def test_deploy_keel_from_the_build_dir(keel_path):
     out = keel("deploy", "keel", "--for", "redis", check=True).stdout
     assert f"LD_PRELOAD={keel_path}" in out
+    assert "KEEL_MESH" not in out and "userfaultfd" not in out   # meshing only with --mesh
 
 
 def test_deploy_warns_about_paths_services_cannot_see(tmp_path, jemalloc_path):
@@ -122,6 +123,109 @@ def test_deploy_warns_about_paths_services_cannot_see(tmp_path, jemalloc_path):
     if str(lib).startswith("/tmp/"):
         assert "PrivateTmp" in out
     assert "WARNING" in out and "/usr/local/lib" in out
+
+
+def _mesh_machine_part(out: str) -> None:
+    """What every --mesh snippet prints for the machine, before the service's steps."""
+    assert "vm.max_map_count = 1048576" in out
+    assert ("echo 'vm.max_map_count = 1048576' | sudo tee /etc/sysctl.d/60-keel-mesh.conf\n"
+            "sudo sysctl --system\n") in out
+    assert "sudo groupadd --system keel-mesh" in out
+    rule = 'KERNEL=="userfaultfd", GROUP="keel-mesh", MODE="0660"'
+    assert f"\n{rule}\n" in out
+    assert f"echo '{rule}' | sudo tee /etc/udev/rules.d/60-keel-mesh.rules" in out
+    assert "udevadm trigger --action=add --sysname-match=userfaultfd" in out
+    # what happens without it, and the broader grants named as trade-offs, not commands
+    assert "prints one warning" in out and "runs without meshing" in out
+    assert "vm.unprivileged_userfaultfd = 1" in out and "exploit aid" in out
+    assert "\nsudo sysctl -w" not in out and "unprivileged_userfaultfd = 1\n" not in out
+    # the group exists before the restart that names it
+    assert out.index("groupadd") < out.index("sudo systemctl restart")
+    # how to check it works
+    assert "'meshing' section, state on, barrier kernel" in out
+    assert "RssAnon + RssFile + the keel-mesh memfd" in out
+
+
+def test_deploy_mesh_redis(keel_path):
+    out = keel("deploy", "keel", "--for", "redis", "--mesh", check=True).stdout
+    _mesh_machine_part(out)
+    assert (f'[Service]\nEnvironment="LD_PRELOAD={keel_path}"\nEnvironment=KEEL_MESH=on\n'
+            "SupplementaryGroups=keel-mesh\n"
+            # Debian's redis-server.service has PrivateDevices=yes
+            "BindPaths=-/dev/userfaultfd\nDeviceAllow=/dev/userfaultfd rw\n") in out
+    assert "keel stats $(systemctl show -p MainPID --value redis-server.service)" in out
+    assert out.index("/etc/sysctl.d/60-keel-mesh.conf") < out.index("keel-allocator.conf")
+
+
+def test_deploy_mesh_mariadb_and_mysqld_safe(keel_path):
+    out = keel("deploy", "keel", "--for", "mariadb", "--mesh", check=True).stdout
+    _mesh_machine_part(out)
+    # Debian's mariadb.service: User=mysql, PrivateDevices=false
+    assert (f'Environment="LD_PRELOAD={keel_path}"\nEnvironment=KEEL_MESH=on\n'
+            "SupplementaryGroups=keel-mesh\n#") in out
+    assert "\nBindPaths=" not in out and "\nDeviceAllow=" not in out
+    # mysqld_safe: no option sets a variable, so the snippet says how it reaches mariadbd
+    safe = out[out.index("[mysqld_safe]"):]
+    assert f"[mysqld_safe]\nmalloc-lib={keel_path}\n" in safe
+    assert "echo 'export KEEL_MESH=on' | sudo tee -a /etc/default/mariadb" in safe
+    assert "KEEL_MESH=on mysqld_safe" in safe
+    assert "sudo usermod -aG keel-mesh mysql" in safe
+
+
+def test_deploy_mesh_postgres(keel_path):
+    out = keel("deploy", "keel", "--for", "postgres", "15/main", "--mesh", check=True).stdout
+    _mesh_machine_part(out)
+    assert f"LD_PRELOAD = '{keel_path}'\nKEEL_MESH = 'on'\n" in out
+    assert "sudo usermod -aG keel-mesh postgres" in out
+    assert "SupplementaryGroups" not in out.replace("a SupplementaryGroups=", "")
+    assert "keel stats $(sudo head -1 /var/lib/postgresql/15/main/postmaster.pid)" in out
+    assert "forked child never meshes" in out
+
+
+def test_deploy_mesh_systemd_unit(keel_path):
+    # --mesh may come before or after the unit
+    out = keel("deploy", "keel", "--for", "systemd", "myapp", "--mesh", check=True).stdout
+    assert out == keel("deploy", "keel", "--mesh", "--for", "systemd", "myapp",
+                       check=True).stdout
+    _mesh_machine_part(out)
+    assert (f'Environment="LD_PRELOAD={keel_path}"\nEnvironment=KEEL_MESH=on\n'
+            "SupplementaryGroups=keel-mesh\n") in out
+    # the unit's PrivateDevices= is not known: explained, not written into the drop-in
+    assert "\nBindPaths=" not in out and "add BindPaths=-/dev/userfaultfd" in out
+    assert "keel stats $(systemctl show -p MainPID --value myapp.service)" in out
+
+
+def test_deploy_mesh_one_liners_write_the_lines_shown(keel_path):
+    """The 'in one command' lines write exactly the lines printed above them."""
+    for target in (["redis"], ["postgres", "15/main"]):
+        out = keel("deploy", "keel", "--for", *target, "--mesh", check=True).stdout
+        lines = out.splitlines()
+        checked = 0
+        for i, line in enumerate(lines):
+            m = re.match(r"(?:sudo mkdir -p \S+ && )?((?:printf|echo) .*)"
+                         r" \| sudo tee (?:-a )?(\S+)$", line)
+            if not m:
+                continue
+            shown = []   # the lines after "<file> with:" / "<file>:" up to the next comment
+            j = max(k for k in range(i) if lines[k].startswith("#") and
+                    m.group(2) in lines[k])
+            for x in lines[j + 1:]:
+                if x.startswith("#") or not x:
+                    break
+                shown.append(x)
+            r = subprocess.run(["bash", "-c", m.group(1)], capture_output=True, text=True,
+                               check=True)
+            assert shown and r.stdout.splitlines() == shown, line
+            checked += 1
+        assert checked == 3   # the sysctl file, the udev rule, the drop-in or environment file
+
+
+def test_deploy_mesh_is_for_keel_only(jemalloc_path):
+    for name in ("jemalloc", "glibc"):
+        r = keel("deploy", name, "--for", "redis", "--mesh")
+        assert r.returncode == 2 and "--mesh is a Keel option" in r.stderr and not r.stdout
+    r = keel("deploy", "keel+mesh", "--for", "redis")
+    assert r.returncode == 2 and "keel deploy keel --for redis --mesh" in r.stderr
 
 
 def test_deploy_errors(tmp_path):
