@@ -88,7 +88,7 @@ KEEL_API size_t keel_stats_locks(keel_lock_stats_t* out, size_t max);
  * holding no block in use (the purger already returns them once idle), and how many
  * more pages would be freed by meshing pages of equal index in different slabs whose
  * blocks in use do not overlap: in pairs, or in groups of up to 8 (randomized first
- * fit, 64 probes a page, pages over 80 % used skipped). `views` is the pages that would
+ * fit, 256 probes a page, pages over 90 % used skipped). `views` is the pages that would
  * map a shared page (every page of a group). Pairs prefer to keep a slab's partner from
  * one page to the next, so that a run of views can be one kernel mapping: `pair_runs`
  * counts those runs, the mappings pairs need (each may split its slab's mapping once
@@ -98,7 +98,7 @@ typedef struct keel_mesh_estimate_s {
   uint64_t block_size;
   uint64_t pages;         /* OS pages in the class's slabs */
   uint64_t free_pages;    /* pages whose blocks are all free */
-  uint64_t candidates;    /* pages in use, at most 80 % full, in partly used slabs */
+  uint64_t candidates;    /* pages in use, at most 90 % full, in partly used slabs */
   uint64_t pair_saved;    /* pages meshing in pairs would free */
   uint64_t pair_views;
   uint64_t pair_runs;     /* runs of consecutive views with the same partner */

@@ -12,8 +12,8 @@
  * are not free there, so they count as used, as a real mesher must treat them. */
 #include "core/internal.h"
 
-#define MESH_PROBES 64u
-#define MESH_FULL_PERCENT 80u /* pages fuller than this are not worth a view */
+#define MESH_PROBES 256u
+#define MESH_FULL_PERCENT 90u /* pages fuller than this are not worth a view */
 
 /* Scratch memory, mapped for one estimate and unmapped after it (never malloc). */
 typedef struct scratch_s {
