@@ -56,6 +56,21 @@ bool _keel_prim_protect(void* addr, size_t size, bool accessible);
  * 1 = ask for huge pages, -1 = refuse them. */
 void _keel_prim_thp_advise(void* addr, size_t size, int advice);
 
+/* Backs each whole aligned huge page inside [addr, addr + size) with one huge page now,
+ * copying what is resident and zero-filling the rest (Linux 6.1+ MADV_COLLAPSE; the
+ * range must not carry the "no huge pages" advice). Slow (a copy, maybe compaction):
+ * the background thread's work, never an allocating thread's. False if the OS refused
+ * or cannot. */
+bool _keel_prim_thp_collapse(void* addr, size_t size);
+
+/* How many OS pages of [addr, addr + size) are in memory (a page-aligned range of one
+ * of Keel's mappings, at most 64 MiB); SIZE_MAX if the OS cannot tell. */
+size_t _keel_prim_resident_pages(void* addr, size_t size);
+
+/* The machine's transparent huge page setting: 0 never (or none), 1 only where advised
+ * (madvise), 2 always. Read once, then remembered. */
+int _keel_prim_thp_machine_mode(void);
+
 /* The OS page size, and the transparent huge page size (0 if THP is unavailable). */
 size_t _keel_prim_page_size(void);
 size_t _keel_prim_huge_page_size(void);

@@ -156,6 +156,35 @@ void _keel_prim_thp_advise(void* addr, size_t size, int advice) {
   errno = saved;
 }
 
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25 /* Linux 6.1 */
+#endif
+
+bool _keel_prim_thp_collapse(void* addr, size_t size) {
+  int saved = errno;
+  bool ok = madvise(addr, size, MADV_COLLAPSE) == 0;
+  errno = saved;
+  return ok;
+}
+
+size_t _keel_prim_resident_pages(void* addr, size_t size) {
+  unsigned char vec[4096]; /* one byte a page: 16 MiB of 4 KiB pages a call */
+  size_t page = _keel_prim_page_size(), pages = size / page, resident = 0;
+  if (size > ((size_t)64 << 20)) return SIZE_MAX;
+  int saved = errno;
+  for (size_t done = 0; done < pages;) {
+    size_t n = pages - done < sizeof vec ? pages - done : sizeof vec;
+    if (mincore((char*)addr + done * page, n * page, vec) != 0) {
+      errno = saved;
+      return SIZE_MAX;
+    }
+    for (size_t i = 0; i < n; i++) resident += vec[i] & 1;
+    done += n;
+  }
+  errno = saved;
+  return resident;
+}
+
 static size_t page_size_cache;
 static size_t huge_size_cache = (size_t)-1;
 
@@ -196,6 +225,22 @@ size_t _keel_prim_huge_page_size(void) {
   errno = saved;
   huge_size_cache = v;
   return v;
+}
+
+static int thp_mode_cache = -1;
+
+int _keel_prim_thp_machine_mode(void) {
+  if (thp_mode_cache >= 0) return thp_mode_cache;
+  int saved = errno;
+  char buf[128];
+  int mode = 0; /* the selected word is in brackets: "always [madvise] never" */
+  if (read_small_file("/sys/kernel/mm/transparent_hugepage/enabled", buf, sizeof buf) > 0) {
+    if (strstr(buf, "[always]")) mode = 2;
+    else if (strstr(buf, "[madvise]")) mode = 1;
+  }
+  errno = saved;
+  thp_mode_cache = mode;
+  return mode;
 }
 
 /* -- time, randomness, identity ------------------------------------------------------- */
