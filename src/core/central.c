@@ -349,6 +349,17 @@ static void trim_slab(unsigned cls, keel_slab_t* s) {
   s->needs_trim = 0;
 }
 
+/* KEEL_THP=dense: a slab in a huge page Keel collapsed is trimmed only once at most half
+ * of its blocks are in use; the huge page then goes back to base pages (trimming a few
+ * pages out of a dense huge page would cost its TLB reach for little memory). */
+static bool trim_allowed(unsigned cls, keel_slab_t* s) {
+  void* base = slab_base(keel_chunk_of(s), s);
+  if (!_keel_pageheap_promoted(base, s->units)) return true;
+  if (s->used * 2 > _keel_classes[cls].count) return false;
+  _keel_pageheap_demote(base, s->units);
+  return true;
+}
+
 __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ticks) {
   uint64_t now = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
   /* KEEL_THP=always: a slab (at most 1 MiB) never holds a whole huge page, so trimming
@@ -362,7 +373,8 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
     if (cl->nbatches > 0 && now - cl->touched >= idle_ticks) drain_transfer(cl, cls);
     for (int sampled = 0; sampled < 2; sampled++)
       for (keel_slab_t* s = sampled ? cl->sampled_partial : cl->partial; s != NULL; s = s->next)
-        if (trim && s->needs_trim && (uint32_t)now - s->put_tick >= idle_ticks) trim_slab(cls, s);
+        if (trim && s->needs_trim && (uint32_t)now - s->put_tick >= idle_ticks && trim_allowed(cls, s))
+          trim_slab(cls, s);
     keel_unlock(&cl->lock);
   }
 }

@@ -134,6 +134,9 @@ typedef struct keel_chunk_s {
   uint64_t dirty_mask; /* bit u: free unit u may still hold committed pages */
   uint32_t run;        /* longest run of free units (the list it is on) */
   uint32_t pad;
+  uint64_t promoted_mask; /* units in huge pages Keel collapsed (KEEL_THP=dense): freed
+                           * only whole, never trimmed or meshed */
+  uint64_t promote_ms;    /* when the purger last looked for huge pages to collapse */
   keel_slab_t units[KEEL_CHUNK_UNITS];
 } keel_chunk_t;
 
@@ -171,6 +174,22 @@ void _keel_thp_apply_all(void) KEEL_INTERNAL;
 int _keel_thp_advice(void) KEEL_INTERNAL;           /* policy as madvise advice: +1, -1, 0 */
 size_t _keel_thp_size(void) KEEL_INTERNAL;          /* huge page size in use (power of two) */
 size_t _keel_thp_purge_granule(void) KEEL_INTERNAL; /* smallest purge (0: any; always: a huge page) */
+/* KEEL_THP=dense: collapses a few huge pages that are in use and resident into real huge
+ * pages (purger thread only). _promoted: whether any of the `units` units from p (in one
+ * chunk) lies in one; their pages must not be purged apart. */
+void _keel_pageheap_promote(void) KEEL_INTERNAL;
+bool _keel_pageheap_promoted(const void* p, size_t units) KEEL_INTERNAL;
+/* Makes the collapsed huge pages over those units ordinary base pages again: a slab in
+ * one that has become sparse is trimmed like any other (central.c). */
+void _keel_pageheap_demote(const void* p, size_t units) KEEL_INTERNAL;
+typedef struct keel_thp_counts_s {
+  uint64_t promoted;  /* huge pages collapsed and still whole */
+  uint64_t collapses; /* collapses done */
+  uint64_t refused;   /* collapses the OS refused */
+  uint64_t released;  /* collapsed huge pages given back whole */
+  uint64_t demoted;   /* collapsed huge pages that became sparse and went back to base pages */
+} keel_thp_counts_t;
+void _keel_thp_counts(keel_thp_counts_t* out) KEEL_INTERNAL;
 void _keel_huge_thp_apply_all(void) KEEL_INTERNAL;  /* huge.c: advise huge blocks, live and cached */
 
 /* ---- lock statistics (stats.c reads them; each module owns its lock) ---------------- */
@@ -449,6 +468,7 @@ typedef enum keel_thp_policy_e {
   KEEL_THP_SYSTEM = 0, /* no advice: the machine's setting decides */
   KEEL_THP_ALWAYS = 1, /* MADV_HUGEPAGE: huge pages even where the machine says madvise */
   KEEL_THP_NEVER = 2,  /* MADV_NOHUGEPAGE: never, whatever the machine says */
+  KEEL_THP_DENSE = 3,  /* none at fault time; the purger collapses dense huge pages */
 } keel_thp_policy_t;
 
 /* KEEL_MESH: whether the purger meshes sparse slab pages (docs/meshing.md). */

@@ -527,7 +527,10 @@ static size_t pass(uint64_t budget_ns, bool every_class) {
   if (!ready()) return 0;
   reap_children();
   sweep();
-  if (_keel_thp_purge_granule() > _keel_page_size) return 0; /* never split huge pages */
+  /* Never split huge pages: under ALWAYS every one, under DENSE the collapsed ones. */
+  if (_keel_thp_purge_granule() > _keel_page_size ||
+      __atomic_load_n(&_keel_options.thp, __ATOMIC_RELAXED) == KEEL_THP_DENSE)
+    return 0;
   keel_lock(&table_lock);
   bool full = st.views + 2 > view_cap; /* (the sweep may have made room) */
   keel_unlock(&table_lock);

@@ -52,7 +52,7 @@ typedef struct {
   const char* const* names; /* K_ENUM: the values' names, by value, NULL-terminated */
 } opt_t;
 
-static const char* const THP_NAMES[] = {"system", "always", "never", NULL};
+static const char* const THP_NAMES[] = {"system", "always", "never", "dense", NULL};
 static const char* const MESH_NAMES[] = {"off", "on", "user", NULL};
 
 static const opt_t OPTS[] = {

@@ -83,6 +83,15 @@ static void print_stats(int fd, const char* title) {
   line(&b, "threads_total", s.threads_total);
   line(&b, "os_page_size", s.os_page_size);
   line(&b, "huge_page_size", s.huge_page_size);
+  keel_thp_counts_t thp;
+  _keel_thp_counts(&thp);
+  if (thp.collapses || thp.refused) { /* KEEL_THP=dense */
+    line(&b, "thp_promoted", thp.promoted);
+    line(&b, "thp_collapses", thp.collapses);
+    line(&b, "thp_refused", thp.refused);
+    line(&b, "thp_released", thp.released);
+    line(&b, "thp_demoted", thp.demoted);
+  }
   /* Locks that were ever taken: acquisitions, and how many found the lock held. */
   keel_lock_stats_t ls[LOCK_KINDS];
   keel_stats_locks(ls, LOCK_KINDS);

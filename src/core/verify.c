@@ -42,6 +42,8 @@ void _keel_verify(void) {
       VERIFY(c->run == r);
       VERIFY((c->free_mask & 1) == 0);
       VERIFY((c->dirty_mask & ~c->free_mask) == 0);
+      /* A collapsed huge page is resident whole: none of its free units may be clean. */
+      VERIFY((c->promoted_mask & c->free_mask & ~c->dirty_mask) == 0);
       for (unsigned k = 1; k < KEEL_CHUNK_UNITS;) {
         keel_slab_t* s = &c->units[k];
         if ((c->free_mask >> k) & 1) {

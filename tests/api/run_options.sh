@@ -34,7 +34,7 @@ run() { # <mode> [VAR=value...]
 
 run conf
 expect_lines "conf: unknown name" 1 '^keel: .*keel_conf: ignoring an unknown option .*bogus$'
-expect_lines "conf: bad thp" 1 '^keel: .*ignoring bad value \(want system, always or never\) of keel_conf option thp$'
+expect_lines "conf: bad thp" 1 '^keel: .*ignoring bad value \(want system, always, never or dense\) of keel_conf option thp$'
 expect_lines "conf: nothing else" 2 '^keel:'
 
 run env KEEL_PURGE_DELAY=300 KEEL_THP=never KEEL_PROFILE_RATE=lots

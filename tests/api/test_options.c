@@ -97,7 +97,7 @@ static int api(void) {
   CHECK(keel_option_set("stats", "yes") == 0);
   EXPECT_OPT("stats", "1");
   CHECK(keel_option_set("stats", "off") == 0);
-  for (const char* p = "system\0always\0never\0"; *p; p += strlen(p) + 1) {
+  for (const char* p = "system\0always\0never\0dense\0"; *p; p += strlen(p) + 1) {
     CHECK(keel_option_set("thp", p) == 0);
     EXPECT_OPT("thp", p);
   }

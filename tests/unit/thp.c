@@ -8,7 +8,10 @@
  *  - purging under ALWAYS: a huge page that is partly in use keeps all its pages, a
  *    wholly free aligned one is purged whole, the dirty/clean counters stay exact, and
  *    slab trimming is skipped (checked with mincore, which works whether or not the
- *    kernel really backed the range with a huge page).
+ *    kernel really backed the range with a huge page);
+ *  - DENSE: nothing at fault time, the purger's promotion collapses dense resident huge
+ *    pages (AnonHugePages), which stay whole while less than a quarter is free, go back
+ *    to base pages beyond that, and are given back whole when wholly free.
  *
  * Residency checks need a quiet heap: the program re-executes itself with
  * KEEL_BACKGROUND_PURGE=0 so that no purger thread changes it between two looks, and
@@ -363,6 +366,100 @@ static void test_no_slab_trim(void) {
   _keel_options.huge_page_size = 0;
 }
 
+/* ---- DENSE: huge pages by promotion ------------------------------------------------ */
+static keel_thp_counts_t thp_counts(void) {
+  keel_thp_counts_t t;
+  _keel_thp_counts(&t);
+  return t;
+}
+
+/* A fresh chunk whose units 1..63 are one span, written (resident), and promoted as far
+ * as the kernel agrees; NULL (and a note) where it cannot collapse. */
+static keel_slab_t* promoted_chunk_span(void) {
+  keel_slab_t* s = fresh_chunk_span();
+  if (s == NULL) return NULL;
+  keel_chunk_t* c = keel_chunk_of(s);
+  memset(unit_ptr(c, 1), 0x5a, (KEEL_CHUNK_UNITS - 1) * KEEL_UNIT_SIZE);
+  CHECK(c->promoted_mask == 0); /* nothing at fault time */
+  keel_thp_counts_t before = thp_counts();
+  for (int i = 0; i < 4 && c->promoted_mask != ~(uint64_t)0; i++) { /* 4 a call */
+    c->promote_ms = 0;
+    _keel_pageheap_promote();
+  }
+  keel_thp_counts_t after = thp_counts();
+  if (c->promoted_mask != ~(uint64_t)0) {
+    printf("   (the kernel collapsed %ju, refused %ju: promotion checks skipped)\n",
+           (uintmax_t)(after.collapses - before.collapses), (uintmax_t)(after.refused - before.refused));
+    CHECK(after.refused > before.refused); /* refused, not overlooked */
+    _keel_pageheap_free(s);
+    return NULL;
+  }
+  CHECK(after.promoted - before.promoted >= 2 && after.collapses - before.collapses >= 2);
+  CHECK_MSG(anon_huge_kb(c) >= 2 * (HP >> 10), "AnonHugePages %lu kB after collapsing",
+            anon_huge_kb(c));
+  check_counters("promoted");
+  return s;
+}
+
+static void test_dense(void) {
+  TEST_SECTION("DENSE: dense huge pages collapsed, kept whole while in use, given back");
+  if (!kernel_has_thp || _keel_prim_thp_machine_mode() == 0 || _keel_prim_huge_page_size() != HP) {
+    printf("   (no 2 MiB transparent huge pages here: skipped)\n");
+    return;
+  }
+  _keel_options.thp = KEEL_THP_DENSE;
+  _keel_options.huge_page_size = HP;
+  const unsigned g = (unsigned)(HP / KEEL_UNIT_SIZE);
+  keel_slab_t* s = promoted_chunk_span();
+  if (s != NULL) {
+    keel_chunk_t* c = keel_chunk_of(s);
+    keel_thp_counts_t t0 = thp_counts();
+    /* A few units free (less than a quarter of the huge page): it stays whole. */
+    shrink(s, 60);
+    keel_purge();
+    CHECK_MSG(resident_pages(unit_ptr(c, g), HP) == pages_in(HP), "whole huge page: %ld pages",
+              resident_pages(unit_ptr(c, g), HP));
+    CHECK(c->promoted_mask == ~(uint64_t)0 && thp_counts().demoted == t0.demoted);
+    check_counters("kept whole");
+    /* A quarter or more free: back to base pages, and the free units are purged. */
+    shrink(s, 40);
+    keel_purge();
+    CHECK(c->promoted_mask == (((uint64_t)1 << g) - 1) && thp_counts().demoted == t0.demoted + 1);
+    CHECK_MSG(resident_pages(unit_ptr(c, 41), 23 * KEEL_UNIT_SIZE) == 0, "units 41..63: %ld pages",
+              resident_pages(unit_ptr(c, 41), 23 * KEEL_UNIT_SIZE));
+    CHECK(memcmp(unit_ptr(c, 33), unit_ptr(c, 1), 8 * KEEL_UNIT_SIZE) == 0); /* data kept */
+    check_counters("demoted");
+    _keel_verify();
+    /* The chunk goes back once wholly free, promoted huge page and all. */
+    _keel_pageheap_free(s);
+    keel_purge();
+    CHECK_MSG(resident_pages(c, KEEL_UNIT_SIZE) == -1 && errno == ENOMEM, "chunk %p still mapped",
+              (void*)c);
+    CHECK(thp_counts().promoted == t0.promoted - 2); /* one demoted, one with the chunk */
+    check_counters("chunk released");
+  }
+  /* A promoted huge page freed all at once goes back whole. */
+  s = promoted_chunk_span();
+  if (s != NULL) {
+    keel_chunk_t* c = keel_chunk_of(s);
+    keel_thp_counts_t t0 = thp_counts();
+    shrink(s, g - 1); /* units 32..63 free */
+    keel_purge();
+    CHECK_MSG(resident_pages(unit_ptr(c, g), HP) == 0, "freed huge page: %ld pages resident",
+              resident_pages(unit_ptr(c, g), HP));
+    keel_thp_counts_t t1 = thp_counts();
+    CHECK(t1.released == t0.released + 1 && t1.demoted == t0.demoted && t1.promoted == t0.promoted - 1);
+    CHECK(c->promoted_mask == (((uint64_t)1 << g) - 1));
+    check_counters("released whole");
+    _keel_pageheap_free(s);
+    keel_purge();
+    check_counters("second chunk released");
+  }
+  _keel_verify();
+  _keel_options.thp = KEEL_THP_SYSTEM;
+  _keel_options.huge_page_size = 0;
+}
+
 int main(int argc, char** argv) {
   (void)argc;
   const char* bg = getenv("KEEL_BACKGROUND_PURGE");
@@ -384,6 +481,7 @@ int main(int argc, char** argv) {
   test_purge_whole();
   test_purge_bigger_than_chunk();
   test_no_slab_trim();
+  test_dense();
   _keel_verify();
   return test_finish();
 }
