@@ -33,12 +33,17 @@ OPTIONS: tuple[KeelOption, ...] = (
     KeelOption("KEEL_HUGE_PAGE_SIZE", "size (K/M/G)", "0 (ask the OS)",
                "Override the transparent huge page size Keel assumes; 0 uses what the "
                "kernel reports (/sys/kernel/mm/transparent_hugepage/hpage_pmd_size)."),
-    KeelOption("KEEL_THP", "system|always|never", "system",
+    KeelOption("KEEL_THP", "system|always|never|dense", "system",
                "Transparent huge pages for Keel's own memory. system: no advice, the "
                "machine's setting decides; always: madvise(MADV_HUGEPAGE), so Keel gets huge "
                "pages even where the machine says madvise, and free memory is then returned "
-               "only in whole huge pages (never split); never: MADV_NOHUGEPAGE. The machine's "
-               "/sys/kernel/mm/transparent_hugepage setting is never changed."),
+               "only in whole huge pages (never split); never: MADV_NOHUGEPAGE; dense: no huge "
+               "page at fault time (no RSS for untouched memory, no 2 MiB zeroing on the "
+               "allocating thread), and the background thread collapses the huge pages that "
+               "are in use and resident (MADV_COLLAPSE, Linux 6.1+), keeps them whole while "
+               "less than a quarter is free, and returns them to base pages beyond that. The "
+               "machine's /sys/kernel/mm/transparent_hugepage setting is never changed "
+               "(dense does nothing where it says never)."),
     KeelOption("KEEL_MESH", "off|on|user", "off",
                "Meshing: the purger lets pages of two slabs of a size class whose blocks in "
                "use sit at different offsets share one physical page (private views of a "

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from keel_lab import servers
+from keel_lab.suites.base import SuiteError
 from keel_lab.allocators import Allocator, AllocatorNotFound, find, parse
 from keel_lab.servers import RedisServer, live_servers, pid_running
 from keel_lab.suites.base import SuiteContext, SuiteError
@@ -351,4 +352,20 @@ def test_sphinx_smoke(tmp_path, bench_lock):
         assert m[f"thp_{mode}_p50_ms"] <= m[f"thp_{mode}_p99_ms"]
         assert res["series"][f"rss_kib_thp_{mode}"]
     assert m["throughput"] == m["thp_on_qps"] and m["rss_peak_kib"] > 0
+    assert_nothing_left(rec.pids)
+
+
+def test_sphinx_thp_dense_under_keel(tmp_path, bench_lock):
+    """thp=dense: one searchd, under KEEL_THP=dense; a mode the suite does not know is
+    refused before anything starts."""
+    from keel_lab.suites.sphinx import Sphinx, THP_MODES
+    assert THP_MODES == {"on": "always", "off": "never", "dense": "dense"}
+    rec = Recorder()
+    res = Sphinx().run(make_ctx(allocator("keel"), tmp_path, rec, thp="dense"))
+    m = res["metrics"]
+    assert m["thp_dense_errors"] == 0 and m["thp_dense_qps"] > 0
+    assert "thp_on_qps" not in m and m["throughput"] == m["thp_dense_qps"]
+    assert any("'dense' = that setting plus KEEL_THP=dense" in n for n in res["notes"])
+    with pytest.raises(SuiteError, match="use on, off, dense"):
+        Sphinx().run(make_ctx(allocator("keel"), tmp_path, rec, thp="sometimes"))
     assert_nothing_left(rec.pids)

@@ -4,7 +4,9 @@ huge pages allowed for searchd and once with them disabled for the whole process
 
 THP off = prctl(PR_SET_THP_DISABLE, 1) in the child before exec (inherited by
 everything searchd forks), plus KEEL_THP=never for Keel; THP on = the machine's own
-setting (not changed here) plus KEEL_THP=always. The machine-wide setting in
+setting (not changed here) plus KEEL_THP=always; THP dense (on request) = the machine's
+setting plus KEEL_THP=dense (Keel collapses its dense huge pages in the background
+instead of taking huge pages at fault time). The machine-wide setting in
 /sys/kernel/mm/transparent_hugepage/enabled is only read, never written.
 
 Client workers are separate processes (`python -m keel_lab.suites.sphinx worker ...`)
@@ -29,6 +31,8 @@ from .base import Suite, SuiteContext, SuiteError
 from .redis import opt_bool, opt_float, opt_list, opt_env, size_mode
 
 THP_SYSFS = "/sys/kernel/mm/transparent_hugepage/enabled"
+# Each THP setting of the suite and the KEEL_THP policy Keel runs under in it.
+THP_MODES = {"on": "always", "off": "never", "dense": "dense"}
 
 
 def machine_thp() -> str:
@@ -63,7 +67,7 @@ class Sphinx(Suite):
     """Corpus -> indexer (under the allocator: index_seconds, indexer_rss_peak_kib) ->
     searchd with THP on, then a fresh searchd with THP off; each serves the query mix
     from N client processes. Options (--set sphinx.KEY=VALUE): docs, clients, seconds,
-    thp=on,off, cache=0 (regenerate the corpus), cache_dir, extra_env, tiny."""
+    thp=on,off (also dense), cache=0 (regenerate the corpus), cache_dir, extra_env, tiny."""
 
     name = "sphinx"
     description = ("Sphinx searchd: a fixed SphinxQL query mix from N clients over a "
@@ -88,8 +92,9 @@ class Sphinx(Suite):
         clients = int(opt_float(ctx, "clients", clients))
         secs = opt_float(ctx, "seconds", secs)
         modes = opt_list(ctx, "thp", ("on", "off"), conv=str)
-        if not modes or any(x not in ("on", "off") for x in modes):
-            raise SuiteError(f"option thp={','.join(modes)}: use on, off or on,off")
+        if not modes or any(x not in THP_MODES for x in modes):
+            raise SuiteError(f"option thp={','.join(modes)}: use on, off, dense or a list "
+                             "of them (on,off)")
         result: dict = {"metrics": {}, "series": {}, "notes": []}
         m = result["metrics"]
         work = Path(ctx.workdir) / "sphinx"
@@ -152,7 +157,8 @@ index idx
             f"ORDER BY attr, bm25), {clients} client processes for {secs:.0f}s per THP setting, "
             f"after one warm-up pass; a fresh searchd per setting.",
             f"THP: machine setting is '{machine_thp()}' (not changed). 'on' = that setting plus "
-            f"KEEL_THP=always; 'off' = prctl(PR_SET_THP_DISABLE) on searchd plus KEEL_THP=never. "
+            f"KEEL_THP=always; 'dense' = that setting plus KEEL_THP=dense; "
+            f"'off' = prctl(PR_SET_THP_DISABLE) on searchd plus KEEL_THP=never. "
             f"With 'madvise', only memory the allocator madvises gets huge pages when on. "
             f"throughput/latency/rss_final_kib headline values are from THP {head}; "
             f"thp_<mode>_* hold each setting. THP_enabled in /proc/PID/status of searchd: "
@@ -205,7 +211,7 @@ index idx
 
     def _serve(self, ctx, index_conf, thp, qfile, clients, secs, work) -> dict:
         extra = opt_env(ctx)
-        extra["KEEL_THP"] = "always" if thp == "on" else "never"
+        extra["KEEL_THP"] = THP_MODES[thp]
         srv = sv.SphinxServer(ctx.allocator, workdir=work, index_conf=index_conf, extra_env=extra,
                               preexec=sv.thp_disable if thp == "off" else None,
                               ready_query="SELECT id FROM idx LIMIT 1")
