@@ -281,17 +281,18 @@ static size_t purge_whole_huge_pages(keel_chunk_t* c, uint64_t due, size_t granu
 /* ---- KEEL_THP=dense: huge pages by promotion -----------------------------------------
  * Under ALWAYS the kernel backs a whole huge page at the first touch of any byte in it,
  * so the unused tail of every huge page Keel has touched is resident: bench/ programs
- * held 3-5 MiB more, the lab's sphinx 13 % more. DENSE gives no huge page at fault time
+ * held 3-5 MiB more, the lab's sphinx 14 % more. DENSE gives no huge page at fault time
  * and lets the purger collapse, a few a tick, the huge pages that are already in use
  * and resident (MADV_COLLAPSE: the copy is the purger's, no allocating thread waits for
  * it). A collapsed ("promoted") huge page is then treated as ALWAYS treats every one:
  * given back only whole, never trimmed or meshed, so it stays a huge page while it is in
- * use. The RSS cost is the few pages that were not resident, at most 1/16 of each. */
+ * use, until a quarter of it is free (or a slab in it half empty: central.c), when it
+ * goes back to base pages. The RSS cost is the pages that were not resident, at most
+ * 1/16 of each. */
 #define PROMOTE_RECHECK_MS 5000 /* a chunk is looked at again at most this often */
 #define PROMOTE_PER_TICK 4      /* collapses a tick: a copy of 2 MiB each on x86-64 */
 #define PROMOTE_VISITS 4096     /* chunks walked a tick, lock held: about 100 us */
 #define PROMOTE_PROBES 16       /* residency reads (mincore) a tick */
-
 
 /* Units per huge page that promotion works with, or 0 when it cannot: no huge pages,
  * huge pages no bigger than a page or a unit, or bigger than a chunk (arm64 with 16 or
@@ -399,8 +400,10 @@ static void promote(keel_chunk_t* c, unsigned k, unsigned g) {
     thp.collapses++;
   } else { /* in base pages: its free units may be purged apart again */
     thp.refused++;
-    thp.promoted--;
-    c->promoted_mask &= ~bits;
+    if (c->promoted_mask & bits) { /* (a purge meanwhile may have demoted it already) */
+      thp.promoted--;
+      c->promoted_mask &= ~bits;
+    }
   }
 }
 
