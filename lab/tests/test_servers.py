@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import random
 import signal
 import socket
 import tempfile
@@ -106,6 +107,22 @@ def assert_nothing_left(pids, dirs=()) -> None:
 # --------------------------------------------------------------------------------------
 
 
+def expected_frag_keys():
+    """Keys held after redis-frag's fill, overwrite and delete in tiny mode, worked out
+    from the suite's seeds."""
+    from keel_lab.suites import redis as r
+    keys, fill, over, _ = r.RedisFrag.SIZES["tiny"]
+    rng = random.Random(r.FILL_SEED)
+    held = {rng.randrange(keys) for _ in range(fill)}
+    after_fill = len(held)
+    for j in range(len(r.RedisFrag.OVERWRITE_SIZES)):
+        rng = random.Random(r.OVERWRITE_SEED + j)
+        held |= {rng.randrange(keys) for _ in range(over)}
+    after_over = len(held)
+    held -= set(random.Random(r.DELETE_SEED).sample(range(keys), keys // 2))
+    return after_fill, after_over, len(held)
+
+
 @need_redis
 @pytest.mark.parametrize("alloc_name", ["glibc", "jemalloc", "keel", "keel+mesh"])
 def test_redis_frag_tiny(alloc_name, tmp_path, bench_lock):
@@ -130,6 +147,9 @@ def test_redis_frag_tiny(alloc_name, tmp_path, bench_lock):
             if not m.get(f"mesh_views_{ph}_{sz}"):     # nothing meshed: held is VmRSS
                 assert held == pytest.approx(rss, rel=0.05)
     assert m["held_final_kib"] == m["held_idle_kib_3B"] + m["held_idle_kib_1KiB"]
+    # every allocator gets the same data: the key counts follow from the seeds alone
+    assert {m[f"keys_{ph}_{sz}"] for sz in ("3B", "1KiB")
+            for ph in ("fill", "overwrite", "delete")} == set(expected_frag_keys()), m
     if alloc_name != "keel+mesh":
         assert not any(k.startswith("mesh_views") for k in m)
     assert any("held_*_kib" in n for n in res["notes"])
