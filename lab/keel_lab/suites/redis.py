@@ -204,8 +204,9 @@ class RedisFrag(RedisSuite):
     """A fresh redis-server per value size (3 B, 1 KiB): fill (SETs of random keys,
     seeded, sent by redis-cli --pipe), overwrite with 64/700/16-byte values (seeded the
     same way), DEL a seeded random half of the keyspace (pipelined), idle. After each
-    phase: RSS, INFO used_memory and mem_fragmentation_ratio ("phases", "<phase> <size>"); RSS over the idle phase in
-    series rss_kib_<size> (and over the whole run in run_rss_kib_<size>). Next to each
+    phase: RSS, INFO used_memory and mem_fragmentation_ratio ("phases", "<phase>
+    <size>"); RSS over the idle phase in series rss_kib_<size> (and over the whole run in
+    run_rss_kib_<size>). Next to each
     rss_<phase>_kib_<size>: held_<phase>_kib_<size> (meshed pages counted once; the one
     to compare under keel+mesh), pss_<phase>_kib_<size>, mesh_views_<phase>_<size>;
     while Keel meshes, what meshing did so far (its published statistics):
