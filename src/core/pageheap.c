@@ -247,6 +247,30 @@ void _keel_pageheap_shrink(keel_slab_t* head, size_t n) {
   keel_unlock(&heap_lock);
 }
 
+/* Gives back units [k, k+n) of chunk c, free and dirty, with one call; they become clean.
+ * Returns the bytes released (0 if the OS refused). Lock held. */
+static size_t purge_units(keel_chunk_t* c, unsigned k, unsigned n) {
+  uint64_t bits = UNIT_BITS(k, n);
+  unsigned dirty = (unsigned)__builtin_popcountll(c->dirty_mask & bits);
+  if (!_keel_prim_purge(keel_unit_addr(c, k), (size_t)n << KEEL_UNIT_SHIFT)) return 0;
+  c->dirty_mask &= ~bits;
+  dirty_units -= dirty;
+  clean_free_units += dirty;
+  return (size_t)dirty << KEEL_UNIT_SHIFT;
+}
+
+/* Releases c if it is wholly free and every dirty unit is due, keeping one wholly free
+ * chunk for the next slab unless `all` (and never the chunk being promoted). Returns
+ * whether it went; *released grows by its dirty bytes. Lock held. */
+static bool release_if_free(keel_chunk_t* c, uint64_t due, bool all, size_t* released) {
+  if (c == promoting || c->free_mask != (ALL_UNITS & ~(uint64_t)1) || (c->dirty_mask & ~due) != 0 ||
+      !(all || chunk_count > 1))
+    return false;
+  *released += (size_t)__builtin_popcountll(c->dirty_mask) << KEEL_UNIT_SHIFT;
+  chunk_release(c);
+  return true;
+}
+
 /* KEEL_THP=always: purges the `due` units of chunk c only where they make up, with the
  * other units, a whole free huge page of `granule` bytes (each aligned, since chunks
  * are); the whole huge page is purged with one call. Units of a huge page that is
@@ -255,25 +279,14 @@ void _keel_pageheap_shrink(keel_slab_t* head, size_t n) {
  * the chunk, which is unmapped once wholly free and all due, dirty or not. Returns bytes
  * released. */
 static size_t purge_whole_huge_pages(keel_chunk_t* c, uint64_t due, size_t granule, bool all) {
-  if (c != promoting && c->free_mask == (ALL_UNITS & ~(uint64_t)1) && (c->dirty_mask & ~due) == 0 &&
-      (all || chunk_count > 1)) { /* one wholly free chunk is kept for the next slab */
-    size_t dirty = (size_t)__builtin_popcountll(c->dirty_mask) << KEEL_UNIT_SHIFT;
-    chunk_release(c);
-    return dirty;
-  }
-  if (granule > KEEL_CHUNK_SIZE) return 0; /* no whole huge page inside a chunk */
   size_t released = 0;
+  if (release_if_free(c, due, all, &released)) return released;
+  if (granule > KEEL_CHUNK_SIZE) return 0; /* no whole huge page inside a chunk */
   unsigned g = (unsigned)(granule >> KEEL_UNIT_SHIFT);
   for (unsigned k = 0; k < KEEL_CHUNK_UNITS; k += g) {
     uint64_t bits = UNIT_BITS(k, g), dirty = c->dirty_mask & bits;
     if (dirty == 0 || (c->free_mask & bits) != bits || (dirty & ~due) != 0) continue;
-    if (_keel_prim_purge(keel_unit_addr(c, k), granule)) {
-      unsigned n = (unsigned)__builtin_popcountll(dirty);
-      c->dirty_mask &= ~bits;
-      dirty_units -= n;
-      clean_free_units += n;
-      released += (size_t)n << KEEL_UNIT_SHIFT;
-    }
+    released += purge_units(c, k, g);
   }
   return released;
 }
@@ -327,16 +340,10 @@ void _keel_pageheap_demote(const void* p, size_t units) {
 /* Purges each promoted huge page of c that is wholly free and due, whole, and releases c
  * if it is wholly free and due (*gone then). Lock held. Returns bytes released. */
 static size_t purge_promoted(keel_chunk_t* c, uint64_t due, bool all, bool* gone) {
-  if (c != promoting && c->free_mask == (ALL_UNITS & ~(uint64_t)1) && (c->dirty_mask & ~due) == 0 &&
-      (all || chunk_count > 1)) {
-    size_t dirty = (size_t)__builtin_popcountll(c->dirty_mask) << KEEL_UNIT_SHIFT;
-    chunk_release(c);
-    *gone = true;
-    return dirty;
-  }
+  size_t released = 0;
+  if ((*gone = release_if_free(c, due, all, &released))) return released;
   unsigned g = promote_units();
   if (g == 0) return 0; /* the huge page size changed: keep them until the chunk goes */
-  size_t released = 0;
   for (unsigned k = 0; k < KEEL_CHUNK_UNITS; k += g) {
     uint64_t bits = UNIT_BITS(k, g), dirty = c->dirty_mask & bits;
     if (!(c->promoted_mask & bits)) continue;
@@ -347,13 +354,9 @@ static size_t purge_promoted(keel_chunk_t* c, uint64_t due, bool all, bool* gone
       continue;
     }
     if ((c->free_mask & bits) != bits || (dirty & ~due) != 0) continue;
-    void* at = keel_unit_addr(c, k);
-    if (!_keel_prim_purge(at, (size_t)g << KEEL_UNIT_SHIFT)) continue;
-    unsigned n = (unsigned)__builtin_popcountll(dirty);
-    c->dirty_mask &= ~bits;
-    dirty_units -= n;
-    clean_free_units += n;
-    released += (size_t)n << KEEL_UNIT_SHIFT;
+    size_t bytes = purge_units(c, k, g);
+    if (bytes == 0 && dirty != 0) continue; /* the OS refused */
+    released += bytes;
     demote(c, k, g);
     thp.demoted--; /* released whole, not demoted */
     thp.released++;
@@ -482,21 +485,12 @@ static size_t purge_locked(bool all, uint64_t now) {
       }
       while (due) { /* purge each run of due units with one call */
         unsigned k = (unsigned)__builtin_ctzll(due);
-        unsigned n = (unsigned)__builtin_ctzll(~(due >> k)) ;
-        if (k + n > 64) n = 64 - k;
-        uint64_t bits = UNIT_BITS(k, n);
-        if (_keel_prim_purge(keel_unit_addr(c, k), (size_t)n << KEEL_UNIT_SHIFT)) {
-          c->dirty_mask &= ~bits;
-          dirty_units -= n;
-          clean_free_units += n;
-          released += (size_t)n << KEEL_UNIT_SHIFT;
-        }
-        due &= ~bits;
+        uint64_t rest = ~(due >> k); /* 0 when every unit from k up is due */
+        unsigned n = rest ? (unsigned)__builtin_ctzll(rest) : 64 - k;
+        released += purge_units(c, k, n);
+        due &= ~UNIT_BITS(k, n);
       }
-      /* A wholly free chunk goes back to the OS, but one is kept for the next slab. */
-      if (c->free_mask == (ALL_UNITS & ~(uint64_t)1) && c->dirty_mask == 0 &&
-          (all || chunk_count > 1))
-        chunk_release(c);
+      release_if_free(c, 0, all, &released); /* once clean */
     }
   }
   if (released) {
