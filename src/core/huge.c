@@ -28,6 +28,7 @@ static size_t table_used;
 static cached_map_t cache[CACHE_SLOTS];
 static size_t cache_count;
 static uint64_t live_bytes, cached_bytes, huge_purged;
+static uint64_t taken_bytes; /* ever handed out, for the forked child's purger (init.c) */
 static uint32_t thp_epoch; /* bumped by every run-time KEEL_THP change (huge lock held) */
 
 /* True if [a, a + n) holds a whole aligned huge page: otherwise the kernel cannot back
@@ -227,7 +228,10 @@ void* _keel_huge_alloc(size_t size, size_t align, bool zero) {
   /* The policy changed while the block was in no table _keel_thp_apply_all walks. */
   if (thp_epoch != epoch) thp_advise(p, bytes);
   bool ok = table_insert((uintptr_t)p, bytes) && _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_HUGE);
-  if (ok) live_bytes += bytes;
+  if (ok) {
+    live_bytes += bytes;
+    taken_bytes += bytes;
+  }
   else if (table_find((uintptr_t)p)) table_remove(table_find((uintptr_t)p));
   keel_unlock(&huge_lock);
   if (!ok) {
@@ -346,6 +350,7 @@ void* _keel_huge_realloc(void* p, size_t size) {
   if (!table_insert((uintptr_t)q, bytes) || !_keel_pagemap_set((uintptr_t)q, 1, KEEL_KIND_HUGE))
     _keel_fatal_internal(__FILE__, __LINE__, "out of memory for huge block metadata");
   live_bytes += bytes - old;
+  if (bytes > old) taken_bytes += bytes - old;
   keel_unlock(&huge_lock);
   return q;
 }
@@ -374,6 +379,7 @@ size_t _keel_huge_purge(bool all) {
   return released;
 }
 
+__attribute__((no_sanitize("thread"))) uint64_t _keel_huge_taken_bytes(void) { return __atomic_load_n(&taken_bytes, __ATOMIC_RELAXED); }
 __attribute__((no_sanitize("thread"))) bool _keel_huge_cache_pending(void) { return __atomic_load_n(&cached_bytes, __ATOMIC_RELAXED) != 0; }
 
 /* _keel_thp_apply_all's part: live and cached huge blocks take the policy now. */

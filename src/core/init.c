@@ -63,6 +63,7 @@ static void fork_parent(void) {
 }
 
 static _Atomic int background_state; /* 0 not started, 1 starting/running */
+static void defer_purger(void);
 
 static void fork_child(void) {
   if (!_keel_ready) return;
@@ -75,19 +76,50 @@ static void fork_child(void) {
   _keel_mesh_after_fork_child();
   _keel_tcache_after_fork_child();
   atomic_store(&background_state, 0); /* the purger thread did not survive the fork */
-  _keel_background_start();
+  defer_purger();
   _keel_publish_after_fork_child();
 }
 
 /* ---- background purging: memory freed for longer than the purge delay goes back to
  * the OS even if the program never calls malloc again (an idle server after a burst).
- * The purger is started from the constructor and again in the child of a fork (from
- * the fork handler, after libc has reset its own locks): never from inside malloc or
- * free, whose caller may hold a libc lock that thread creation needs. Without the
- * purger (KEEL_BACKGROUND_PURGE=0, or if it cannot start) purging still happens,
- * amortised, when spans are freed. */
+ * The purger is started from the constructor. Without it (KEEL_BACKGROUND_PURGE=0, or
+ * if it cannot start) purging still happens, amortised, when spans are freed.
+ *
+ * A forked child gets its own purger only once it has taken KEEL_CHILD_PURGER (4 MiB)
+ * of spans and huge blocks since the fork. A thread costs little memory of its own
+ * (a 64 KiB stack, mostly untouched), but creating one in a child maps in pages of
+ * every library with thread-local data and of libc's thread code that the child had
+ * not touched since the fork: 1.5 MiB more RSS in each PostgreSQL helper process
+ * (checkpointer, walwriter, ...), which never hold enough free memory to need a purger.
+ * The check runs in the allocation slow path, with no Keel lock held, and never in
+ * free: glibc frees thread stacks' TLS under its stack-cache lock, which pthread_create
+ * takes too. A caller of malloc may hold the loader's TLS lock, but that one is
+ * recursive. */
 uint64_t _keel_pageheap_dirty_bytes(void);
+uint64_t _keel_pageheap_taken_bytes(void);
 bool _keel_huge_cache_pending(void);
+uint64_t _keel_huge_taken_bytes(void);
+
+bool _keel_purger_deferred;
+static uint64_t taken_at_fork; /* bytes handed out as spans and huge blocks before the fork */
+
+/* Monotonic, so that a child freeing what it inherited and allocating it again counts
+ * as growing: it then holds memory a purger would return. */
+static uint64_t taken_bytes(void) { return _keel_pageheap_taken_bytes() + _keel_huge_taken_bytes(); }
+
+static void defer_purger(void) {
+  if (_keel_options.child_purger == 0) {
+    _keel_background_start();
+    return;
+  }
+  taken_at_fork = taken_bytes();
+  __atomic_store_n(&_keel_purger_deferred, true, __ATOMIC_RELAXED);
+}
+
+void _keel_purger_deferred_check(void) {
+  if (taken_bytes() - taken_at_fork < _keel_options.child_purger) return;
+  _keel_background_start();
+}
 
 static void* purger_main(void* arg) {
   (void)arg;
@@ -118,6 +150,8 @@ static void* purger_main(void* arg) {
 }
 
 void _keel_background_start(void) {
+  /* Cleared first: thread creation allocates (its TLS vector) and would come back. */
+  __atomic_store_n(&_keel_purger_deferred, false, __ATOMIC_RELAXED);
   if (!_keel_options.background_purge) return;
   int expected = 0;
   if (!atomic_compare_exchange_strong(&background_state, &expected, 1)) return;

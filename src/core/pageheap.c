@@ -14,8 +14,7 @@ static keel_chunk_t* by_run[KEEL_CHUNK_UNITS]; /* chunks by longest free run */
 static uint64_t chunk_count;
 static uint64_t dirty_units;      /* free units that may hold committed pages */
 static uint64_t clean_free_units; /* free units known to hold no pages */
-static uint64_t large_units;      /* units holding large blocks */
-static uint64_t slab_units;       /* units holding slabs */
+static uint64_t taken_units;      /* units ever handed out as spans */
 static uint64_t purged_bytes, purge_runs;
 static uint64_t last_purge_ms;
 static void* next_hint;
@@ -153,6 +152,7 @@ static bool take_units(keel_chunk_t* c, unsigned k, size_t n) {
   clean_free_units -= n - dirty;
   c->free_mask &= ~bits;
   c->dirty_mask &= ~bits;
+  taken_units += n;
   for (size_t i = 0; i < n; i++) {
     keel_slab_t* u = &c->units[k + i];
     u->head = (uint8_t)k;
@@ -522,6 +522,11 @@ __attribute__((no_sanitize("thread"))) uint64_t _keel_pageheap_dirty_bytes(void)
   return __atomic_load_n(&dirty_units, __ATOMIC_RELAXED) << KEEL_UNIT_SHIFT;
 }
 
+/* Bytes ever handed out as spans (the forked child's purger waits for them, init.c). */
+__attribute__((no_sanitize("thread"))) uint64_t _keel_pageheap_taken_bytes(void) {
+  return __atomic_load_n(&taken_units, __ATOMIC_RELAXED) << KEEL_UNIT_SHIFT;
+}
+
 /* The policy changed at run time: advise every chunk as chunk_new would now, then the
  * huge blocks. SYSTEM cannot take earlier advice back (Linux has no madvise for "no
  * advice"), so it only stops new advice. */
@@ -549,8 +554,6 @@ void _keel_pageheap_stats(keel_stats_t* out) {
   out->metadata += chunk_count * sizeof(keel_chunk_t);
   out->purged_bytes += purged_bytes;
   out->purge_runs += purge_runs;
-  (void)large_units;
-  (void)slab_units;
   keel_unlock(&heap_lock);
 }
 

@@ -35,6 +35,7 @@ static int conf(void) {
   EXPECT_OPT("check_guard", "8192");
   EXPECT_OPT("profile_prefix", "/tmp/keel-conf-test");
   EXPECT_OPT("check", "0");
+  EXPECT_OPT("child_purger", "4194304"); /* the default, 4M */
   return 0;
 }
 
