@@ -147,7 +147,7 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
   const keel_class_t* k = &_keel_classes[cls];
   keel_lock(&cl->lock);
   if (cl->nbatches > 0 && want >= k->batch) {
-    cl->touched = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+    cl->touched = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
     void* list = cl->batches[--cl->nbatches];
     keel_unlock(&cl->lock);
     *got = k->batch;
@@ -255,7 +255,7 @@ void _keel_central_give(unsigned cls, void* list, uint32_t n) {
   const keel_class_t* k = &_keel_classes[cls];
   keel_lock(&cl->lock);
   if (n == k->batch && cl->nbatches < k->transfer_max) {
-    cl->touched = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+    cl->touched = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
     cl->batches[cl->nbatches++] = list;
     keel_unlock(&cl->lock);
     return;
@@ -370,7 +370,7 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
     keel_central_t* cl = &_keel_central[cls];
     if (cl->nbatches == 0 && cl->partial == NULL && cl->sampled_partial == NULL) continue;
     keel_lock(&cl->lock);
-    if (cl->nbatches > 0 && now - cl->touched >= idle_ticks) drain_transfer(cl, cls);
+    if (cl->nbatches > 0 && (uint32_t)now - cl->touched >= idle_ticks) drain_transfer(cl, cls);
     for (int sampled = 0; sampled < 2; sampled++)
       for (keel_slab_t* s = sampled ? cl->sampled_partial : cl->partial; s != NULL; s = s->next)
         if (trim && s->needs_trim && (uint32_t)now - s->put_tick >= idle_ticks && trim_allowed(cls, s))

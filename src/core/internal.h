@@ -237,17 +237,20 @@ uint64_t _keel_meta_bytes(void) KEEL_INTERNAL;
 /* ---- central free lists (central.c) ----------------------------------------------------
  * One per size class: a transfer cache of whole batches (O(1) hand-over between threads)
  * in front of the slabs that still have free blocks. */
-#define KEEL_TRANSFER_SLOTS 16
+#define KEEL_TRANSFER_SLOTS 8 /* = the largest transfer_max (size_class.c) */
 typedef struct keel_central_s {
   keel_lock_t lock;
   uint32_t nbatches;
   keel_slab_t* partial; /* slabs with free blocks */
   keel_slab_t* sampled_partial; /* the same, for slabs holding profile samples */
   void* batches[KEEL_TRANSFER_SLOTS]; /* each a NULL-terminated list of `batch` blocks */
-  uint64_t slabs;       /* slabs of this class */
+  uint32_t slabs;       /* slabs of this class */
+  uint32_t touched;     /* purger tick of the last transfer-cache use (wraps) */
   uint64_t out;         /* blocks out of slabs: live, or in a cache */
-  uint64_t touched;     /* purger tick of the last transfer-cache use */
 } __attribute__((aligned(64))) keel_central_t;
+/* Two cache lines: the array is in every process's .bss, and a small program touches
+ * a few classes spread over all of it (at 256 bytes, 8 pages; at 128, 4). */
+_Static_assert(sizeof(keel_central_t) == 128, "keel_central_t grew past two cache lines");
 
 /* Purger ticks so far (a coarse clock the central lists stamp without a system call). */
 extern uint64_t _keel_ticks KEEL_INTERNAL;

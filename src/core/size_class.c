@@ -41,7 +41,7 @@ void _keel_classes_init(void) {
     c->bin_limit = (uint32_t)clamp(((size_t)16 << 10) / size, 2u * c->batch, 1024);
     /* Enough parked batches to absorb a burst, but about 16 KiB of blocks per class;
      * idle batches also decay back to their slabs (central.c). */
-    c->transfer_max = (uint32_t)clamp(((size_t)16 << 10) / (c->batch * size), 1, 8);
+    c->transfer_max = (uint32_t)clamp(((size_t)16 << 10) / (c->batch * size), 1, KEEL_TRANSFER_SLOTS);
     c->div_magic = (((uint64_t)1 << 40) + size - 1) / size;
   }
 }
