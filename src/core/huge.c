@@ -231,8 +231,9 @@ void* _keel_huge_alloc(size_t size, size_t align, bool zero) {
   if (ok) {
     live_bytes += bytes;
     taken_bytes += bytes;
+  } else if (table_find((uintptr_t)p)) {
+    table_remove(table_find((uintptr_t)p));
   }
-  else if (table_find((uintptr_t)p)) table_remove(table_find((uintptr_t)p));
   keel_unlock(&huge_lock);
   if (!ok) {
     _keel_prim_unmap(p, bytes);

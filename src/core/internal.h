@@ -464,8 +464,9 @@ typedef struct keel_options_s {
   int mesh;                 /* KEEL_MESH: keel_mesh_policy_t */
   uint64_t check_guard;     /* KEEL_CHECK_GUARD: checked-mode blocks this big get a guard
                                page after their end (0: none) */
-  uint64_t child_purger;    /* KEEL_CHILD_PURGER: a forked child starts its purger once its
-                               heap has grown this much since the fork (0: at the fork) */
+  uint64_t child_purger;    /* KEEL_CHILD_PURGER: a forked child starts its purger once it
+                               has taken this much in spans and huge blocks since the fork
+                               (0: at the fork) */
 } keel_options_t;
 
 /* KEEL_THP: what Keel asks of transparent huge pages for the memory it maps. */
