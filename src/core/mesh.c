@@ -586,7 +586,7 @@ static size_t pass(uint64_t budget_ns, bool every_class) {
   return p.meshed;
 }
 
-void _keel_mesh_tick(void) {
+KEEL_HOT void _keel_mesh_tick(void) {
   if (__atomic_load_n(&_keel_options.mesh, __ATOMIC_RELAXED) == KEEL_MESH_OFF || disabled) return;
   keel_lock(&mesh_lock);
   pass(resume_class ? CATCH_UP_BUDGET_NS : PASS_BUDGET_NS, false);

@@ -37,7 +37,7 @@ static uintptr_t self_lo, self_hi; /* Keel's own code: dropped from stacks */
 static _Thread_local bool in_profiler;
 static _Thread_local int64_t big_left;
 
-static uint64_t next_random(void) {
+KEEL_HOT static uint64_t next_random(void) {
   uint64_t x = __atomic_load_n(&rng, __ATOMIC_RELAXED);
   x ^= x << 13;
   x ^= x >> 7;
@@ -47,18 +47,18 @@ static uint64_t next_random(void) {
 }
 
 /* A sampling interval with mean `mean`: uniform on [1, 2*mean-1]. */
-static uint64_t draw(uint64_t mean) {
+KEEL_HOT static uint64_t draw(uint64_t mean) {
   if (mean <= 1) return 1;
   return 1 + next_random() % (2 * mean - 1);
 }
 
-uint32_t _keel_profile_first_countdown(unsigned cls) {
+KEEL_HOT uint32_t _keel_profile_first_countdown(unsigned cls) {
   if (!_keel_profiling) return UINT32_MAX;
   uint64_t d = draw(_keel_options.profile_rate / _keel_classes[cls].size);
   return d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
 }
 
-void _keel_profile_init(void) {
+KEEL_HOT void _keel_profile_init(void) {
   _keel_profiling = _keel_options.profile_rate > 0;
   rng ^= _keel_prim_random();
   big_left = (int64_t)draw(_keel_options.profile_rate);
@@ -284,7 +284,7 @@ static void dump_named(const char* tag) {
   if (!_keel_profile_dump_to(path)) _keel_warn("cannot write heap profile ", path);
 }
 
-__attribute__((no_sanitize("thread"))) void _keel_profile_tick(void) {
+__attribute__((no_sanitize("thread"))) KEEL_HOT void _keel_profile_tick(void) {
   if (!_keel_profiling || _keel_options.profile_growth == 0) return;
   /* Each live sample stands for about `rate` bytes of the heap. */
   uint64_t count = __atomic_load_n(&live_count, __ATOMIC_RELAXED);
@@ -297,7 +297,7 @@ __attribute__((no_sanitize("thread"))) void _keel_profile_tick(void) {
   }
 }
 
-void _keel_profile_at_exit(void) {
+KEEL_HOT void _keel_profile_at_exit(void) {
   if (!_keel_profiling) return;
   if (_keel_options.profile_at_exit) dump_named("exit");
   if (!_keel_options.profile_leaks || table_used == 0) return;

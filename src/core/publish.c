@@ -106,8 +106,9 @@ static void create(void) {
   p->layout_version = 5;
   p->header_size = (uint32_t)__builtin_offsetof(keel_published_t, classes);
   p->pid = (uint64_t)_keel_prim_getpid();
+  /* No figures yet (updated_ms 0): a reader asks for them, and a process nobody asks
+   * never runs the statistics code nor touches the class rows' pages. */
   __atomic_store_n(&p->magic, PUBLISH_MAGIC, __ATOMIC_RELEASE);
-  refresh(p);
   __atomic_store_n(&pub, p, __ATOMIC_SEQ_CST);
   /* Switched off while the file was being made: whichever of this and
    * _keel_publish_option_changed takes pub back removes the file (sequentially

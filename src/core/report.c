@@ -2,12 +2,12 @@
  * the process), internal errors, and option warnings. */
 #include "core/internal.h"
 
-void _keel_buf_str(keel_buf_t* b, const char* s) {
+KEEL_HOT void _keel_buf_str(keel_buf_t* b, const char* s) {
   while (*s && b->len + 1 < b->cap) b->p[b->len++] = *s++;
   b->p[b->len] = 0;
 }
 
-void _keel_buf_u64(keel_buf_t* b, uint64_t v) {
+KEEL_HOT void _keel_buf_u64(keel_buf_t* b, uint64_t v) {
   char tmp[24];
   int n = 0;
   do {

@@ -25,6 +25,10 @@
 #include <dlfcn.h>
 #include <link.h>
 
+/* Seldom called (meshing, statistics, profiles, THP policy): kept out of libkeel's first
+ * code window, which holds what every process runs (src/hot_text.ld). */
+#define PRIM_COLD __attribute__((cold, noinline))
+
 extern char** environ;
 
 /* -- memory -------------------------------------------------------------------------- */
@@ -130,7 +134,7 @@ static bool probe_move_spans(void) {
   return ok;
 }
 
-bool _keel_prim_move_spans_mappings(void) {
+PRIM_COLD bool _keel_prim_move_spans_mappings(void) {
   static int known; /* 0: not probed, 1: yes, 2: no; a race only probes twice */
   int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
   if (k == 0) {
@@ -167,7 +171,7 @@ bool _keel_prim_thp_collapse(void* addr, size_t size) {
   return ok;
 }
 
-size_t _keel_prim_resident_pages(void* addr, size_t size) {
+PRIM_COLD size_t _keel_prim_resident_pages(void* addr, size_t size) {
   unsigned char vec[4096]; /* one byte a page: 16 MiB of 4 KiB pages a call */
   size_t page = _keel_prim_page_size(), pages = size / page, resident = 0;
   if (size > ((size_t)64 << 20)) return SIZE_MAX;
@@ -229,7 +233,7 @@ size_t _keel_prim_huge_page_size(void) {
 
 static int thp_mode_cache = -1;
 
-int _keel_prim_thp_machine_mode(void) {
+PRIM_COLD int _keel_prim_thp_machine_mode(void) {
   if (thp_mode_cache >= 0) return thp_mode_cache;
   int saved = errno;
   char buf[128];
@@ -582,7 +586,7 @@ bool _keel_prim_code_range(const void* addr, uintptr_t* lo, uintptr_t* hi) {
   return q.found;
 }
 
-bool _keel_prim_symbolize(const void* addr, char* buf, size_t size) {
+PRIM_COLD bool _keel_prim_symbolize(const void* addr, char* buf, size_t size) {
   Dl_info info;
   int saved = errno;
   int ok = dladdr(addr, &info);
@@ -689,7 +693,7 @@ bool _keel_prim_map_fresh(void* addr, size_t len) {
 
 /* /proc/self/pagemap: one 64-bit entry per page; bit 63 present, bit 61 "file page or
  * shared anonymous" (a view still mapping its file page). */
-bool _keel_prim_view_state(const void* addr, size_t pages, uint8_t* out) {
+PRIM_COLD bool _keel_prim_view_state(const void* addr, size_t pages, uint8_t* out) {
   int saved = errno;
   int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
   bool ok = fd >= 0;
@@ -739,7 +743,7 @@ static int barrier_new(int flags, bool dev) {
   return fd;
 }
 
-static int barrier_try(int flags, bool dev) {
+PRIM_COLD static int barrier_try(int flags, bool dev) {
   int fd = barrier_new(flags, dev);
   if (fd < 0) return -1;
   int r = barrier_api(fd);
@@ -755,7 +759,7 @@ static int barrier_try(int flags, bool dev) {
   return -1;
 }
 
-int _keel_prim_barrier_open(int* mode) {
+PRIM_COLD int _keel_prim_barrier_open(int* mode) {
   int saved = errno;
   int flags = O_CLOEXEC | O_NONBLOCK;
   *mode = KEEL_BARRIER_KERNEL;
@@ -813,7 +817,7 @@ uint64_t _keel_prim_map_limit(void) {
   return v;
 }
 
-uint64_t _keel_prim_map_count(void) {
+PRIM_COLD uint64_t _keel_prim_map_count(void) {
   int saved = errno;
   int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
   uint64_t lines = 0;

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Override test: what Keel adds to a process that barely allocates (`sleep`), the floor
+# a process-per-connection server pays in every process (docs/design.md, "Per-process
+# floor"). It checks the part the build lays out (src/hot_text.ld): an idle process runs
+# only the code in libkeel's first 64 KiB of text, so the kernel's fault-around maps one
+# window of it, not all of it. It also prints VmRSS / RssAnon under Keel and glibc.
+#
+# Usage: bash tests/override/idle_rss.sh /path/to/libkeel.so
+OV_NAME=idle_rss
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$here/common.sh"
+
+ov_need_tool sleep
+ov_init "$@"
+
+# Rss (KiB) of the mappings of file $2 in process $1 whose permissions match $3.
+rss_of() {
+  awk -v f="$2" -v perm="$3" '
+    /^[0-9a-f]+-[0-9a-f]+ / { on = (index($0, f) > 0 && $2 ~ perm) }
+    on && $1 == "Rss:" { s += $2 }
+    END { print s + 0 }' "/proc/$1/smaps"
+}
+status_kib() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status"; }
+
+# A process under the preload, looked at once its purger has published its statistics
+# file (after its first second): everything an idle process ever runs has run by then.
+R=() # run_idle's result: VmRSS, RssAnon, libkeel's resident code, all its file pages (KiB)
+run_idle() { # run_idle <label> [env...]
+  local label=$1 pid
+  shift
+  env "$@" sleep 30 &
+  pid=$!
+  OV_PIDS+=("$pid")
+  OV_PID_WHAT[$pid]="sleep ($label)"
+  local i
+  for ((i = 0; i < 60; i++)); do
+    [[ -e /dev/shm/keel-$pid ]] && break
+    sleep 0.05
+  done
+  sleep 0.5
+  if [[ "$label" == keel ]]; then
+    [[ -e /dev/shm/keel-$pid ]] || ov_fail "no /dev/shm/keel-$pid after 3 s: is the purger running?"
+    grep -qF "$OV_LIB" "/proc/$pid/maps" || ov_fail "/proc/$pid/maps does not name $OV_LIB"
+  fi
+  R=("$(status_kib "$pid" VmRSS)" "$(status_kib "$pid" RssAnon)"
+     "$(rss_of "$pid" "$OV_LIB" 'x')" "$(rss_of "$pid" "$OV_LIB" '.')")
+  ov_stop "$pid" 5
+  OV_PIDS=()
+}
+
+page_kib=$(($(getconf PAGESIZE) / 1024))
+window_kib=$((page_kib > 64 ? page_kib : 64))
+
+run_idle glibc -u LD_PRELOAD
+g_rss=${R[0]} g_anon=${R[1]}
+run_idle keel LD_PRELOAD="$OV_LIB"
+k_rss=${R[0]} k_anon=${R[1]} k_text=${R[2]} k_file=${R[3]}
+ov_log "sleep under glibc: VmRSS $g_rss KiB, RssAnon $g_anon KiB"
+ov_log "sleep under Keel:  VmRSS $k_rss KiB, RssAnon $k_anon KiB; libkeel's file pages" \
+  "$k_file KiB, of them code $k_text KiB"
+
+((k_text > 0)) || ov_fail "no resident code of $OV_LIB in the process: did it load?"
+((k_text <= window_kib)) ||
+  ov_fail "libkeel's code resident in an idle process: $k_text KiB, more than one" \
+    "$window_kib KiB fault-around window: code every process runs has left the first" \
+    "window of .text (src/hot_text.ld), or .text outgrew it"
+ov_log "ok: libkeel's resident code in an idle process is one window ($k_text <= $window_kib KiB)"
