@@ -67,3 +67,38 @@ ov_log "sleep under Keel:  VmRSS $k_rss KiB, RssAnon $k_anon KiB; libkeel's file
     "$window_kib KiB fault-around window: code every process runs has left the first" \
     "window of .text (src/hot_text.ld), or .text outgrew it"
 ov_log "ok: libkeel's resident code in an idle process is one window ($k_text <= $window_kib KiB)"
+
+# The same for a process that has worked: threads churning a million small objects, every
+# Python object through malloc (the
+# fast paths' periodic slow paths, thread exit), its purger started and ticking.
+PY=/usr/bin/python3
+ov_need_tool "$PY"
+PYTHONMALLOC=malloc LD_PRELOAD="$OV_LIB" "$PY" -c '
+import threading, time
+def work():
+    d = {}
+    for i in range(200000): d[i] = str(i) * 3
+    for i in range(0, 200000, 2): del d[i]
+ts = [threading.Thread(target=work) for _ in range(3)]
+for t in ts: t.start()
+for t in ts: t.join()
+print("ready", flush=True)
+time.sleep(30)' >"$OV_TMP/busy.out" 2>&1 &
+busy=$!
+OV_PIDS+=("$busy")
+OV_PID_WHAT[$busy]="python3 (busy)"
+OV_LOGS+=("$OV_TMP/busy.out")
+for ((i = 0; i < 300; i++)); do
+  grep -q ready "$OV_TMP/busy.out" 2>/dev/null && break
+  ov_running "$busy" || ov_fail "the busy python3 ended early"
+  sleep 0.1
+done
+sleep 1.5 # a few purger ticks
+b_text=$(rss_of "$busy" "$OV_LIB" 'x')
+b_threads=$(ls "/proc/$busy/task" | wc -l)
+ov_log "busy python3 under Keel: $b_threads threads, libkeel's resident code $b_text KiB"
+((b_threads >= 2)) || ov_fail "the busy process has no purger thread"
+((b_text <= window_kib)) ||
+  ov_fail "libkeel's code resident in a process that worked: $b_text KiB, more than one" \
+    "$window_kib KiB window: a path every busy process takes runs code outside .text"
+ov_log "ok: and in a process that worked, with its purger running ($b_text <= $window_kib KiB)"
