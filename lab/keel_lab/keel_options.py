@@ -64,12 +64,10 @@ OPTIONS: tuple[KeelOption, ...] = (
                "delay has passed, so an idle process shrinks; off: purging only happens "
                "inside malloc/free calls."),
     KeelOption("KEEL_CHILD_PURGER", "size (K/M/G)", "4M",
-               "A process starts its purger thread only once it has taken this much "
-               "memory in spans and huge blocks since start-up (a forked child: since the "
-               "fork), the main process also at its first allocation after its first "
-               "second (0: at once): creating a thread in a child maps in pages of every "
-               "library, 1.5 MiB of RSS in each PostgreSQL helper. Until then the process "
-               "publishes no statistics."),
+               "A forked child starts its own purger thread only once it has taken this "
+               "much memory in spans and huge blocks since the fork (0: at the fork): "
+               "creating a thread in a child maps in pages of every library, 1.5 MiB of RSS "
+               "in each PostgreSQL helper. Until then the child publishes no statistics."),
     KeelOption("KEEL_CHECK", "bool", "off",
                "Checked mode for debugging: canaries after every block, freed blocks "
                "poisoned and held in a quarantine, size words protected; overflows, writes "

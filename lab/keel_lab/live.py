@@ -104,11 +104,9 @@ def _open(pid: int) -> tuple[mmap.mmap, object]:
         if not uses_keel:
             raise LiveError(f"process {pid} is not running Keel (libkeel is not mapped)")
         raise LiveError(f"process {pid} runs Keel but publishes no statistics yet "
-                        f"(its purger thread publishes them; it starts at the process's "
-                        f"first allocation after its first second, or once it has taken "
-                        f"KEEL_CHILD_PURGER, 4 MiB by default - a forked child only the "
-                        f"latter, counted since the fork; never with KEEL_PUBLISH=0 or "
-                        f"KEEL_BACKGROUND_PURGE=0)")
+                        f"(it publishes after its first second unless KEEL_PUBLISH=0 or "
+                        f"KEEL_BACKGROUND_PURGE=0; a forked child, once it has taken "
+                        f"KEEL_CHILD_PURGER, 4 MiB by default, since the fork)")
     try:
         f = open(path, "r+b")
     except PermissionError:

@@ -27,7 +27,7 @@ static void* enomem(void) {
 static KEEL_NOINLINE void* alloc_slow(size_t n, bool zero) {
   keel_ensure_init();
   if (KEEL_UNLIKELY(__atomic_load_n(&_keel_purger_deferred, __ATOMIC_RELAXED)))
-    _keel_purger_deferred_check(); /* start the purger once the process needs it (init.c) */
+    _keel_purger_deferred_check(); /* a forked child: start its purger once it grows */
   if (KEEL_UNLIKELY(_keel_options.check)) return _keel_checked_alloc(n, 0, zero);
   return _keel_alloc_any(n, 0, zero, true);
 }

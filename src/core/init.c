@@ -63,7 +63,7 @@ static void fork_parent(void) {
 }
 
 static _Atomic int background_state; /* 0 not started, 1 starting/running */
-static void defer_purger(bool main_process);
+static void defer_purger(void);
 
 static void fork_child(void) {
   if (!_keel_ready) return;
@@ -76,69 +76,49 @@ static void fork_child(void) {
   _keel_mesh_after_fork_child();
   _keel_tcache_after_fork_child();
   atomic_store(&background_state, 0); /* the purger thread did not survive the fork */
-  defer_purger(false);
+  defer_purger();
   _keel_publish_after_fork_child();
 }
 
 /* ---- background purging: memory freed for longer than the purge delay goes back to
  * the OS even if the program never calls malloc again (an idle server after a burst).
- * Without the purger (KEEL_BACKGROUND_PURGE=0, or if it cannot start) purging still
- * happens, amortised, when spans are freed.
+ * The purger is started from the constructor. Without it (KEEL_BACKGROUND_PURGE=0, or
+ * if it cannot start) purging still happens, amortised, when spans are freed.
  *
- * The purger starts when the process first has something for it to do. A thread costs
- * little memory of its own (a 64 KiB stack, 12 KiB of it touched), but creating one
- * runs libc's thread code and copies every library's thread-local data image, faulting
- * in a 64 KiB window of file pages around each page touched: ~120 KiB more RSS in a
- * short single-threaded program (bignum: 2,296 -> 2,172 KiB), 1.5 MiB in each forked
- * PostgreSQL helper (checkpointer, walwriter, ...), which had not touched those pages
- * since the fork. So a process starts its purger when it first has work for it:
- * - a forked child once it has taken KEEL_CHILD_PURGER (4 MiB) of spans and huge blocks
- *   since the fork, counted monotonically so that a child freeing what it inherited and
- *   allocating it again counts as growing (it then holds memory a purger would return);
- *   a child allocating now and then for hours (a PostgreSQL helper) waits for that;
- * - the main process at its first allocation after its first second (when it would
- *   publish its statistics), or once it holds KEEL_CHILD_PURGER of free units not yet
- *   purged or a cached huge block: not by the monotonic count, which a program churning
- *   slabs (bignum) passes in a fraction of a second with nothing to purge, nor by its
- *   chunks, whose address space is not memory (bignum's 2 MiB spread over two).
- * Memory freed before then is still purged inside Keel's own calls when its delay has
- * passed; only a process that frees in its first second and never allocates again
- * keeps it (at most about those 4 MiB, or what its last huge block left cached). The check runs in the allocation slow path, with no Keel lock held,
- * and never in free: glibc frees a dead thread's TLS under its stack-cache lock, which
- * pthread_create takes too. A caller of malloc may hold the loader's TLS lock, but that
- * one is recursive. */
+ * A forked child gets its own purger only once it has taken KEEL_CHILD_PURGER (4 MiB)
+ * of spans and huge blocks since the fork. A thread costs little memory of its own
+ * (a 64 KiB stack, mostly untouched), but creating one in a child maps in pages of
+ * every library with thread-local data and of libc's thread code that the child had
+ * not touched since the fork: 1.5 MiB more RSS in each PostgreSQL helper process
+ * (checkpointer, walwriter, ...), which never hold enough free memory to need a purger.
+ * The check runs in the allocation slow path, with no Keel lock held, and never in
+ * free: glibc frees thread stacks' TLS under its stack-cache lock, which pthread_create
+ * takes too. A caller of malloc may hold the loader's TLS lock, but that one is
+ * recursive. */
 uint64_t _keel_pageheap_dirty_bytes(void);
 uint64_t _keel_pageheap_taken_bytes(void);
 bool _keel_huge_cache_pending(void);
 uint64_t _keel_huge_taken_bytes(void);
 
-#define PURGER_AFTER_MS 1000 /* the main process: first allocation after its first second */
-
 bool _keel_purger_deferred;
-static uint64_t taken_at_fork;  /* child: spans and huge blocks handed out before the fork */
-static uint64_t start_after_ms; /* main process: from this clock on an allocation starts it;
-                                 * 0 in a forked child */
+static uint64_t taken_at_fork; /* bytes handed out as spans and huge blocks before the fork */
 
+/* Monotonic, so that a child freeing what it inherited and allocating it again counts
+ * as growing: it then holds memory a purger would return. */
 static uint64_t taken_bytes(void) { return _keel_pageheap_taken_bytes() + _keel_huge_taken_bytes(); }
 
-static void defer_purger(bool main_process) {
+static void defer_purger(void) {
   if (_keel_options.child_purger == 0) {
     _keel_background_start();
     return;
   }
   taken_at_fork = taken_bytes();
-  start_after_ms = main_process ? _keel_prim_clock_ms() + PURGER_AFTER_MS : 0;
   __atomic_store_n(&_keel_purger_deferred, true, __ATOMIC_RELAXED);
 }
 
 void _keel_purger_deferred_check(void) {
-  bool needed;
-  if (start_after_ms == 0)
-    needed = taken_bytes() - taken_at_fork >= _keel_options.child_purger;
-  else
-    needed = _keel_prim_clock_ms() >= start_after_ms ||
-             _keel_pageheap_dirty_bytes() >= _keel_options.child_purger || _keel_huge_cache_pending();
-  if (needed) _keel_background_start();
+  if (taken_bytes() - taken_at_fork < _keel_options.child_purger) return;
+  _keel_background_start();
 }
 
 static void* purger_main(void* arg) {
@@ -181,7 +161,7 @@ void _keel_background_start(void) {
 __attribute__((constructor(101))) static void keel_process_init(void) {
   _keel_init();
   _keel_prim_atfork(fork_prepare, fork_parent, fork_child);
-  defer_purger(true);
+  _keel_background_start();
   _keel_publish_init();
 }
 

@@ -467,10 +467,9 @@ typedef struct keel_options_s {
   int mesh;                 /* KEEL_MESH: keel_mesh_policy_t */
   uint64_t check_guard;     /* KEEL_CHECK_GUARD: checked-mode blocks this big get a guard
                                page after their end (0: none) */
-  uint64_t child_purger;    /* KEEL_CHILD_PURGER: a process starts its purger once it has
-                               taken this much in spans and huge blocks since start-up or
-                               the fork; the main process also at its first allocation
-                               after its first second (0: at once) */
+  uint64_t child_purger;    /* KEEL_CHILD_PURGER: a forked child starts its purger once it
+                               has taken this much in spans and huge blocks since the fork
+                               (0: at the fork) */
 } keel_options_t;
 
 /* KEEL_THP: what Keel asks of transparent huge pages for the memory it maps. */
@@ -501,7 +500,7 @@ void _keel_init(void) KEEL_INTERNAL;   /* idempotent; cheap after the first call
 /* Set in a forked child whose purger waits for the child's heap to grow (init.c). The
  * allocation slow path, which runs with no Keel lock held, then asks whether it has. */
 extern bool _keel_purger_deferred KEEL_INTERNAL;
-void _keel_purger_deferred_check(void) KEEL_INTERNAL KEEL_NOINLINE;
+void _keel_purger_deferred_check(void) KEEL_INTERNAL KEEL_COLD;
 static inline void keel_ensure_init(void) {
   if (KEEL_UNLIKELY(!__atomic_load_n(&_keel_ready, __ATOMIC_ACQUIRE))) _keel_init();
 }

@@ -132,7 +132,7 @@ cat >"$tmp/hello.c" <<'EOF'
 #include <stdio.h>
 #include <stdlib.h>
 int main(void) {
-  void* p = malloc(100);
+  char* volatile p = malloc(100); /* volatile: the compiler may not drop an unused malloc */
   keel_stats_t s;
   s.size = sizeof s;
   int rc = keel_stats_get(&s);
