@@ -489,9 +489,9 @@ void* _keel_checked_realloc(void* p, size_t n) {
 
 /* fork: the quarantine lock is a leaf (nothing else is taken under it), so it comes
  * last in the global order. */
-void _keel_checked_lock_all(void) { keel_lock(&q_lock); }
-void _keel_checked_unlock_all(void) { keel_unlock(&q_lock); }
-void _keel_checked_reset_locks(void) { q_lock = (keel_lock_t)KEEL_LOCK_INIT; }
+KEEL_HOT void _keel_checked_lock_all(void) { keel_lock(&q_lock); }
+KEEL_HOT void _keel_checked_unlock_all(void) { keel_unlock(&q_lock); }
+KEEL_HOT void _keel_checked_reset_locks(void) { q_lock = (keel_lock_t)KEEL_LOCK_INIT; }
 
 uint64_t _keel_checked_quarantine_bytes(void) {
   keel_lock(&q_lock);

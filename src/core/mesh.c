@@ -651,7 +651,8 @@ void _keel_mesh_verify(void) {
  * while it lives no file page of a group made so far is released. A pipe tells when it
  * is gone: the child (and its own children) hold the write end until they exit or
  * exec. Groups made after the fork are not the child's and go on as usual. */
-void _keel_mesh_lock_all(void) {
+/* The fork handlers (every forking process) run these: libkeel's first code window. */
+KEEL_HOT void _keel_mesh_lock_all(void) {
   keel_lock(&mesh_lock);
   new_pipe[0] = new_pipe[1] = -1;
   if (st.groups == 0 || in_child) return;
@@ -659,7 +660,7 @@ void _keel_mesh_lock_all(void) {
   epoch++;
 }
 
-void _keel_mesh_unlock_all(void) {
+KEEL_HOT void _keel_mesh_unlock_all(void) {
   if (new_pipe[1] >= 0) {
     _keel_prim_close(new_pipe[1]);
     if (npipes < PIPES_MAX) {
@@ -673,12 +674,12 @@ void _keel_mesh_unlock_all(void) {
   keel_unlock(&mesh_lock);
 }
 
-void _keel_mesh_table_lock(void) { keel_lock(&table_lock); }
-void _keel_mesh_table_unlock(void) { keel_unlock(&table_lock); }
+KEEL_HOT void _keel_mesh_table_lock(void) { keel_lock(&table_lock); }
+KEEL_HOT void _keel_mesh_table_unlock(void) { keel_unlock(&table_lock); }
 
 /* The child keeps the write end (its parent waits for it) and leaves the views it
  * inherited to the kernel's copy-on-write; it never meshes: its parent owns the file. */
-void _keel_mesh_after_fork_child(void) {
+KEEL_HOT void _keel_mesh_after_fork_child(void) {
   keel_lock_reset(&mesh_lock);
   keel_lock_reset(&table_lock);
   in_child = true;

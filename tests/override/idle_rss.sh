@@ -68,11 +68,11 @@ ov_log "ok: libkeel's resident code in an idle process is one window ($k_text <=
 
 # The same for a process that has worked: threads churning a million small objects, every
 # Python object through malloc (the
-# fast paths' periodic slow paths, thread exit), its purger started and ticking.
+# fast paths' periodic slow paths, thread exit), a fork, its purger started and ticking.
 PY=/usr/bin/python3
 ov_need_tool "$PY"
 PYTHONMALLOC=malloc LD_PRELOAD="$OV_LIB" "$PY" -c '
-import threading, time
+import os, threading, time
 def work():
     d = {}
     for i in range(200000): d[i] = str(i) * 3
@@ -80,6 +80,10 @@ def work():
 ts = [threading.Thread(target=work) for _ in range(3)]
 for t in ts: t.start()
 for t in ts: t.join()
+child = os.fork()  # the fork handlers
+if child == 0:
+    os._exit(0)
+os.waitpid(child, 0)
 print("ready", flush=True)
 time.sleep(30)' >"$OV_TMP/busy.out" 2>&1 &
 busy=$!
