@@ -21,8 +21,9 @@
 
 #define KEEL_NOINLINE __attribute__((noinline))
 #define KEEL_COLD __attribute__((cold, noinline))
-/* Runs in every process (start-up, exit, the purger's tick) though its file is mostly
- * cold: the linker puts .text.hot in libkeel's first code window (src/hot_text.ld). */
+/* Runs in every process (start-up, exit, the purger's tick, the fork handlers, the
+ * profiler's countdown stage) though its file is mostly cold: the linker puts .text.hot
+ * in libkeel's first code window (src/hot_text.ld). */
 #define KEEL_HOT __attribute__((hot))
 #define KEEL_LIKELY(x) __builtin_expect(!!(x), 1)
 #define KEEL_UNLIKELY(x) __builtin_expect(!!(x), 0)
