@@ -32,16 +32,16 @@ run_idle() { # run_idle <label> [env...]
   pid=$!
   OV_PIDS+=("$pid")
   OV_PID_WHAT[$pid]="sleep ($label)"
-  local i
-  for ((i = 0; i < 60; i++)); do
-    [[ -e /dev/shm/keel-$pid ]] && break
-    sleep 0.05
-  done
-  sleep 0.5
   if [[ "$label" == keel ]]; then
+    local i
+    for ((i = 0; i < 60; i++)); do
+      [[ -e /dev/shm/keel-$pid ]] && break
+      sleep 0.05
+    done
     [[ -e /dev/shm/keel-$pid ]] || ov_fail "no /dev/shm/keel-$pid after 3 s: is the purger running?"
-    grep -qF "$OV_LIB" "/proc/$pid/maps" || ov_fail "/proc/$pid/maps does not name $OV_LIB"
+    ov_check_maps "$pid" "sleep"
   fi
+  sleep 0.5
   R=("$(status_kib "$pid" VmRSS)" "$(status_kib "$pid" RssAnon)"
      "$(rss_of "$pid" "$OV_LIB" 'x')" "$(rss_of "$pid" "$OV_LIB" '.')")
   ov_stop "$pid" 5
@@ -96,6 +96,7 @@ for ((i = 0; i < 300; i++)); do
   sleep 0.1
 done
 sleep 1.5 # a few purger ticks
+ov_check_maps "$busy" "python3 (busy)"
 b_text=$(rss_of "$busy" "$OV_LIB" 'x')
 b_threads=$(ls "/proc/$busy/task" | wc -l)
 ov_log "busy python3 under Keel: $b_threads threads, libkeel's resident code $b_text KiB"
