@@ -63,6 +63,12 @@ OPTIONS: tuple[KeelOption, ...] = (
                "A helper thread wakes every KEEL_PURGE_DELAY/4 and returns free memory whose "
                "delay has passed, so an idle process shrinks; off: purging only happens "
                "inside malloc/free calls."),
+    KeelOption("KEEL_FINE_CLASSES", "size (K/M/G)", "32M",
+               "Size classes. While Keel's slabs span less than this, requests are served "
+               "by coarse classes (every 16 bytes up to 128, then four per doubling: up to "
+               "25 % slack in a block, but fewer classes in use, so fewer partly used pages "
+               "and cached blocks); from then on by all classes (16-byte steps to 1 KiB, "
+               "eight per doubling above). 0: all classes from the start."),
     KeelOption("KEEL_CHILD_PURGER", "size (K/M/G)", "4M",
                "A forked child starts its own purger thread only once it has taken this "
                "much memory in spans and huge blocks since the fork (0: at the fork): "

@@ -37,7 +37,7 @@ API void* KEEL_FN(malloc)(size_t n) {
   size_t m = n - 1;
   if (KEEL_LIKELY(m < KEEL_SMALL_MAX)) {
     keel_tcache_t* t = _keel_tc;
-    size_t cls = (m >> 4) + 1;
+    size_t cls = __atomic_load_n(&t->class_of[m >> 4], __ATOMIC_RELAXED);
     void** p = (void**)t->head[cls];
     if (KEEL_LIKELY(p != NULL)) {
       t->head[cls] = p[0];

@@ -37,6 +37,8 @@ static void partial_remove(keel_central_t* cl, keel_slab_t* s) {
   s->in_partial = 0;
 }
 
+static uint64_t slab_units; /* units of all classes' slabs (the switch to fine classes) */
+
 static keel_slab_t* slab_new(unsigned cls, bool sampled) {
   const keel_class_t* k = &_keel_classes[cls];
   bool zeroed;
@@ -59,6 +61,7 @@ static keel_slab_t* slab_new(unsigned cls, bool sampled) {
   for (unsigned w = 0; w < words; w++) s->free_bits[w] = ~(uint64_t)0;
   if (k->count % 64) s->free_bits[words - 1] = ((uint64_t)1 << (k->count % 64)) - 1;
   _keel_central[cls].slabs++;
+  __atomic_add_fetch(&slab_units, k->units, __ATOMIC_RELAXED);
   return s;
 }
 
@@ -74,6 +77,7 @@ static void slab_release(unsigned cls, keel_slab_t* s) {
   keel_chunk_t* c = keel_chunk_of(s);
   _keel_pagemap_set((uintptr_t)slab_base(c, s), s->units, KEEL_KIND_NONE);
   _keel_central[cls].slabs--;
+  __atomic_sub_fetch(&slab_units, s->units, __ATOMIC_RELAXED);
   _keel_pageheap_free(s);
 }
 
@@ -156,11 +160,13 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
   void* head = NULL;
   void** tail = (void**)&head;
   uint32_t n = 0;
+  bool grew = false;
   while (n < want) {
     keel_slab_t* s = cl->partial;
     if (s == NULL) {
       s = slab_new(cls, false);
       if (s == NULL) break;
+      grew = true;
       partial_push(cl, s);
     }
     n += slab_take(s, cls, want - n, &tail);
@@ -170,6 +176,8 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
   cl->out += n;
   keel_unlock(&cl->lock);
   *got = n;
+  if (KEEL_UNLIKELY(grew))
+    _keel_classes_slabs_grew(__atomic_load_n(&slab_units, __ATOMIC_RELAXED) << KEEL_UNIT_SHIFT);
   return head;
 }
 

@@ -96,13 +96,33 @@ typedef struct keel_class_s {
 extern keel_class_t _keel_classes[KEEL_NUM_CLASSES] KEEL_INTERNAL;
 void _keel_classes_init(void) KEEL_INTERNAL;
 
-/* Class of a request of n bytes, 1 <= n <= KEEL_CLASS_MAX. */
-static inline unsigned keel_size_class(size_t n) {
+/* Coarse, then fine. A small heap pays for every class it uses (a partly used page of
+ * slab, a thread cache bin, a transfer cache), a big heap for the slack inside blocks.
+ * So requests are first served by the coarse classes - 16-byte steps up to 128 bytes,
+ * then four per doubling - and once Keel's slabs span KEEL_FINE_CLASSES bytes by all
+ * the classes (16-byte steps to 1 KiB, eight per doubling above), for good. The fine
+ * class of a request is computed; _keel_class_serving maps it to the class that serves
+ * it (itself once fine). Blocks keep their class for life, so the switch needs no
+ * synchronisation: a thread that reads an old entry gets a block of a coarse class,
+ * which is as valid as ever. Each thread cache holds a copy of the entries up to
+ * KEEL_SMALL_MAX for malloc's fast path (one indexed load). */
+extern uint8_t _keel_class_serving[KEEL_NUM_CLASSES] KEEL_INTERNAL;
+/* Keel's slabs now span slab_bytes: switch to the fine classes if that is enough. */
+void _keel_classes_slabs_grew(uint64_t slab_bytes) KEEL_INTERNAL KEEL_NOINLINE;
+bool _keel_classes_are_fine(void) KEEL_INTERNAL;
+
+/* The fine class of a request of n bytes, 1 <= n <= KEEL_CLASS_MAX. */
+static inline unsigned keel_fine_class(size_t n) {
   if (n <= KEEL_SMALL_MAX) return (unsigned)((n - 1) >> 4) + 1; /* 16-byte steps */
   /* Eight classes per doubling above 1 KiB: at most 12.5 % of a block is slack. */
   unsigned b = 63u - (unsigned)__builtin_clzll((unsigned long long)(n - 1)); /* 2^b < n <= 2^(b+1) */
   unsigned step = b - 3;
   return 65u + (b - 10u) * 8u + (unsigned)((n - 1 - ((size_t)1 << b)) >> step);
+}
+
+/* The class that serves a request of n bytes now, 1 <= n <= KEEL_CLASS_MAX. */
+static inline unsigned keel_size_class(size_t n) {
+  return __atomic_load_n(&_keel_class_serving[keel_fine_class(n)], __ATOMIC_RELAXED);
 }
 
 /* ---- chunks, slabs and spans (pageheap.c, central.c) ---------------------------------- */
@@ -382,6 +402,10 @@ typedef union keel_bin_u {
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "keel_bin_t packs avail below countdown");
 
 typedef struct keel_tcache_s {
+  /* Serving class of sizes 16i+1..16i+16 (a copy of _keel_class_serving[i + 1]): the
+   * fast path's one load more for the coarse classes. 0 (head[0] is always NULL, so a
+   * miss) until the cache is set up. */
+  uint8_t class_of[KEEL_SMALL_MAX / 16];
   void* head[KEEL_NUM_CLASSES]; /* [0] never used */
   keel_bin_t bin[KEEL_NUM_CLASSES];
   struct keel_tcache_s* next;        /* registry of live caches */
@@ -449,6 +473,8 @@ void _keel_tcache_unlock_all(void) KEEL_INTERNAL;
 void _keel_tcache_after_fork_child(void) KEEL_INTERNAL;
 void _keel_tcache_stats(keel_stats_t* out, uint64_t* cached_bytes) KEEL_INTERNAL;
 void _keel_tcache_class_counts(uint64_t* counts /* [KEEL_NUM_CLASSES] */) KEEL_INTERNAL;
+/* Copies _keel_class_serving into every thread cache (the switch to fine classes). */
+void _keel_tcache_classes_changed(void) KEEL_INTERNAL;
 
 /* ---- options (options.c) -------------------------------------------------------------- */
 typedef struct keel_options_s {
@@ -468,6 +494,8 @@ typedef struct keel_options_s {
   int mesh;                 /* KEEL_MESH: keel_mesh_policy_t */
   uint64_t check_guard;     /* KEEL_CHECK_GUARD: checked-mode blocks this big get a guard
                                page after their end (0: none) */
+  uint64_t fine_classes;    /* KEEL_FINE_CLASSES: slab bytes at which the fine size classes
+                               take over from the coarse ones (0: fine from the start) */
   uint64_t child_purger;    /* KEEL_CHILD_PURGER: a forked child starts its purger once it
                                has taken this much in spans and huge blocks since the fork
                                (0: at the fork) */

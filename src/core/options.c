@@ -31,6 +31,7 @@ keel_options_t _keel_options = {
     .mesh = KEEL_MESH_OFF,
     .check_guard = 0,
     .child_purger = 4u << 20,
+    .fine_classes = 32u << 20,
 };
 
 /* The program's configuration string, if it defines one (weak: most do not). */
@@ -65,6 +66,7 @@ static const opt_t OPTS[] = {
     {"stats", K_BOOL, AT_ANY_TIME, &_keel_options.stats_at_exit, NULL},
     {"background_purge", K_BOOL, AT_ANY_TIME, &_keel_options.background_purge, NULL},
     {"child_purger", K_SIZE, AT_ANY_TIME, &_keel_options.child_purger, NULL},
+    {"fine_classes", K_SIZE, AT_ANY_TIME, &_keel_options.fine_classes, NULL},
     {"check", K_BOOL, AT_START, &_keel_options.check, NULL},
     {"check_guard", K_SIZE, AT_ANY_TIME, &_keel_options.check_guard, NULL},
     {"publish", K_BOOL, AT_ANY_TIME, &_keel_options.publish, NULL},

@@ -1,10 +1,13 @@
 /* size_class.c -- the size class table.
  * 16-byte steps up to 1 KiB (where most database objects live, and where glibc's
  * 16-byte granularity is the bar for memory use), then eight classes per doubling up
- * to 128 KiB. Each class gets the smallest slab (1..16 units) that wastes little. */
+ * to 128 KiB. Each class gets the smallest slab (1..16 units) that wastes little.
+ * A small heap is served by a coarse subset of them (internal.h, "Coarse, then fine"). */
 #include "core/internal.h"
 
 keel_class_t _keel_classes[KEEL_NUM_CLASSES];
+uint8_t _keel_class_serving[KEEL_NUM_CLASSES];
+static bool fine; /* the switch to the fine classes has happened */
 
 static size_t class_size(unsigned cls) {
   if (cls <= 64) return (size_t)cls * 16;
@@ -44,4 +47,28 @@ void _keel_classes_init(void) {
     c->transfer_max = (uint32_t)clamp(((size_t)16 << 10) / (c->batch * size), 1, KEEL_TRANSFER_SLOTS);
     c->div_magic = (((uint64_t)1 << 40) + size - 1) / size;
   }
+  /* Coarse classes: up to 128 bytes every class, above that the four per doubling
+   * (sizes a multiple of a quarter of their power of two: 160, 192, 224, 256, 320, ...).
+   * Each fine class is served by the smallest coarse class at least as big. */
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
+    unsigned serving = cls;
+    for (;; serving++) {
+      size_t size = _keel_classes[serving].size;
+      unsigned log = 63u - (unsigned)__builtin_clzll((unsigned long long)size);
+      if (size <= 128 || size % ((size_t)1 << (log - 2)) == 0) break;
+    }
+    _keel_class_serving[cls] = (uint8_t)(_keel_options.fine_classes == 0 ? cls : serving);
+  }
+  fine = _keel_options.fine_classes == 0;
+}
+
+bool _keel_classes_are_fine(void) { return __atomic_load_n(&fine, __ATOMIC_RELAXED); }
+
+/* Called after a new slab, with no lock held: the switch takes the thread registry's. */
+void _keel_classes_slabs_grew(uint64_t slab_bytes) {
+  if (__atomic_load_n(&fine, __ATOMIC_RELAXED) || slab_bytes < _keel_options.fine_classes) return;
+  if (__atomic_exchange_n(&fine, true, __ATOMIC_RELAXED)) return;
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++)
+    __atomic_store_n(&_keel_class_serving[cls], (uint8_t)cls, __ATOMIC_RELAXED);
+  _keel_tcache_classes_changed();
 }

@@ -1,5 +1,6 @@
 /* test_internals.c -- unit tests of Keel's internal structures, linked against the
  * static library so the hidden internal functions are reachable. */
+#include <malloc.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -11,7 +12,7 @@ static void test_size_classes(void) {
   _keel_init();
   unsigned prev = 0;
   for (size_t n = 1; n <= KEEL_CLASS_MAX; n++) {
-    unsigned cls = keel_size_class(n);
+    unsigned cls = keel_fine_class(n);
     const keel_class_t* k = &_keel_classes[cls];
     if (!(cls >= 1 && cls < KEEL_NUM_CLASSES)) { CHECK_MSG(0, "class %u out of range for %zu", cls, n); break; }
     if (k->size < n) { CHECK_MSG(0, "class %u size %u < request %zu", cls, k->size, n); break; }
@@ -20,7 +21,26 @@ static void test_size_classes(void) {
     if (cls > 1 && _keel_classes[cls - 1].size >= n) { CHECK_MSG(0, "class below also fits %zu", n); break; }
     prev = cls;
   }
-  CHECK(keel_size_class(KEEL_CLASS_MAX) == KEEL_NUM_CLASSES - 1);
+  CHECK(keel_fine_class(KEEL_CLASS_MAX) == KEEL_NUM_CLASSES - 1);
+  /* Until the heap is big, a coarse class serves: every class up to 128 bytes, four per
+   * doubling above, the smallest that fits; it never leaves more than a quarter of the
+   * block as slack. */
+  CHECK(!_keel_classes_are_fine());
+  unsigned coarse = 0;
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
+    unsigned serving = _keel_class_serving[cls];
+    const keel_class_t* k = &_keel_classes[serving];
+    CHECK(serving >= cls && _keel_class_serving[serving] == serving);
+    unsigned log = 31u - (unsigned)__builtin_clz(k->size);
+    CHECK(k->size <= 128 || k->size % (1u << (log - 2)) == 0); /* 1.25, 1.5, 1.75, 2 x 2^log */
+    for (unsigned c = cls; c < serving; c++) CHECK(_keel_class_serving[c] != c); /* smallest */
+    if (_keel_classes[cls].size > 128) CHECK(k->size * 4 <= _keel_classes[cls].size * 5 + 64);
+    coarse += serving == cls;
+  }
+  CHECK(coarse == 8 + 4 * 10); /* 16..128, then 160 .. 128 KiB */
+  CHECK(keel_size_class(200) == keel_fine_class(224) && keel_size_class(1030) == keel_fine_class(1280));
+  CHECK(keel_size_class(100) == keel_fine_class(100));
+  CHECK(_keel_classes[keel_size_class(KEEL_CLASS_MAX)].size == KEEL_CLASS_MAX);
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     const keel_class_t* k = &_keel_classes[cls];
     CHECK(k->size % 16 == 0);
@@ -232,6 +252,29 @@ static void test_thread_cache(void) {
   CHECK(!_keel_tcache_contains(t, cls, p));
 }
 
+/* The switch from coarse to fine classes, with a thread cache that exists already and
+ * blocks of coarse classes still live: they keep their class and free normally. */
+static void test_fine_classes(void) {
+  TEST_SECTION("coarse then fine size classes");
+  keel_tcache_t* t = _keel_tc;
+  CHECK(t != &_keel_tc_empty); /* test_thread_cache gave this thread a cache */
+  void* before = malloc(200);
+  CHECK(malloc_usable_size(before) == 224);
+  CHECK(t->class_of[(200 - 1) >> 4] == keel_fine_class(224));
+  _keel_classes_slabs_grew(_keel_options.fine_classes - 1); /* not yet */
+  CHECK(!_keel_classes_are_fine());
+  _keel_classes_slabs_grew(_keel_options.fine_classes);
+  CHECK(_keel_classes_are_fine());
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) CHECK(_keel_class_serving[cls] == cls);
+  for (unsigned i = 0; i < KEEL_SMALL_MAX / 16; i++) CHECK(t->class_of[i] == i + 1);
+  void* after = malloc(200);
+  CHECK(malloc_usable_size(after) == 208);
+  CHECK(malloc_usable_size(malloc(1030)) == 1152); /* (leaked: the test ends soon) */
+  free(before);
+  free(after);
+  _keel_verify();
+}
+
 static void test_verify(void) {
   TEST_SECTION("invariant walk over a busy heap");
   void* blocks[3000];
@@ -316,6 +359,7 @@ int main(void) {
   test_huge_table();
   test_options();
   test_thread_cache();
+  test_fine_classes();
   test_verify();
   test_stats_api();
   test_lock_stats();
