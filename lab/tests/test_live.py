@@ -214,7 +214,9 @@ def test_stats_mesh_estimate(tmp_path, cc, keel_path):
     src, exe = tmp_path / "sparse.c", tmp_path / "sparse"
     src.write_text(SPARSE)
     subprocess.run([cc, "-O1", "-fno-builtin", str(src), "-o", str(exe)], check=True)
-    p = start_under_keel(exe, keel_path)
+    # All classes from the start: the 1000-byte blocks are then all in the 1008 B class
+    # (the first 32 MiB would otherwise go to the coarse 1024 B class).
+    p = start_under_keel(exe, keel_path, {"KEEL_FINE_CLASSES": "0"})
     try:
         s = json.loads(keel("stats", str(p.pid), "--json", "--mesh", check=True).stdout)
         est = s["mesh_estimate"]
@@ -376,7 +378,7 @@ def test_stats_show_meshing_of_a_real_process(tmp_path, cc, keel_path):
     src, exe = tmp_path / "meshy.c", tmp_path / "meshy"
     src.write_text(MESHY)
     subprocess.run([cc, "-O1", "-fno-builtin", str(src), "-o", str(exe)], check=True)
-    p = start_under_keel(exe, keel_path, {"KEEL_MESH": "on"})
+    p = start_under_keel(exe, keel_path, {"KEEL_MESH": "on", "KEEL_FINE_CLASSES": "0"})
     try:
         deadline = time.monotonic() + 10
         while True:
