@@ -60,6 +60,7 @@
 
 #define KEEL_SMALL_MAX 1024              /* sizes served by the table-free fast path */
 #define KEEL_CLASS_MAX ((size_t)128 << 10) /* largest size class */
+#define KEEL_CACHED_MAX ((size_t)32 << 10) /* larger classes skip the caches (size_class.c) */
 #define KEEL_NUM_CLASSES 121              /* classes 1..120; 0 means "not a class" */
 #define KEEL_LARGE_MAX ((size_t)1 << 20)  /* larger blocks get their own mapping */
 #define KEEL_SLAB_MAX_OBJECTS 4096        /* 64 KiB of 16-byte blocks */

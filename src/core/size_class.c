@@ -40,11 +40,18 @@ void _keel_classes_init(void) {
      * and cut peak RSS 10 % in geometric mean; from 16 to 8 KiB, 1 % more time and
      * 6 % less peak RSS (prodcons 8.2 -> 5.8 MiB, xthread 6.2 -> 5.5); 4 KiB cut
      * another 5 % but cost 2-3 % (larson 8 %). */
-    c->batch = (uint16_t)clamp(((size_t)8 << 10) / size, 2, 32);
+    c->batch = (uint16_t)clamp(((size_t)8 << 10) / size, 1, 32);
     c->bin_limit = (uint32_t)clamp(((size_t)16 << 10) / size, 2u * c->batch, 1024);
     /* Enough parked batches to absorb a burst, but about 16 KiB of blocks per class;
      * idle batches also decay back to their slabs (central.c). */
     c->transfer_max = (uint32_t)clamp(((size_t)16 << 10) / (c->batch * size), 1, KEEL_TRANSFER_SLOTS);
+    /* Blocks above KEEL_CACHED_MAX are not cached at all (like jemalloc's tcache_max):
+     * each is worth at least tens of KiB of touched memory, which in a cache stays
+     * resident, while back in its slab its pages are purged once idle; and the central
+     * list's lock costs little next to using that much memory. A PostgreSQL postmaster
+     * held 290 KiB of such blocks in its cache (AllocSet blocks of freed memory
+     * contexts), and every backend it forks inherits them. */
+    if (size > KEEL_CACHED_MAX) c->bin_limit = c->transfer_max = 0;
     c->div_magic = (((uint64_t)1 << 40) + size - 1) / size;
   }
   /* Coarse classes: up to 128 bytes every class, above that the four per doubling

@@ -40,8 +40,8 @@ static uint64_t live_threads, total_threads; /* threads seen, young or with a ca
  * allocates a little therefore takes only a little from the shared slabs (and touches
  * no other memory), while a busy thread reaches full batches after a few misses. */
 static uint32_t initial_max(unsigned cls) {
-  (void)cls;
-  return _keel_options.check ? 0 : 1; /* checked mode: no caching at all */
+  /* checked mode: no caching at all; classes above KEEL_CACHED_MAX: never cached */
+  return _keel_options.check || _keel_classes[cls].bin_limit == 0 ? 0 : 1;
 }
 
 /* More room for bin b, if its limit and the thread's byte budget allow. */
@@ -233,6 +233,7 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls) {
   }
   if (t->head[cls] == NULL) {
     const keel_class_t* k = &_keel_classes[cls];
+    if (t->bin[cls].max == 0) return central_alloc_one(cls); /* an uncached class */
     /* Take what the bin has room for now (a first refill takes one block), and grow it
      * afterwards, so a thread that allocates once from a class holds only that block. */
     uint32_t want = t->bin[cls].max < k->batch ? t->bin[cls].max : k->batch;
@@ -263,6 +264,12 @@ void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
       _keel_central_give(cls, p, 1);
       return;
     }
+  }
+  if (t->bin[cls].max == 0) { /* an uncached class: straight back to its slab */
+    ((void**)p)[0] = NULL;
+    ((uintptr_t*)p)[1] = _keel_free_key;
+    _keel_central_give(cls, p, 1);
+    return;
   }
   if (t->bin[cls].avail == 0) {
     const keel_class_t* k = &_keel_classes[cls];

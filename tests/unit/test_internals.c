@@ -47,9 +47,13 @@ static void test_size_classes(void) {
     CHECK(k->count >= 8 && k->count <= KEEL_SLAB_MAX_OBJECTS);
     CHECK((size_t)k->count * k->size <= (size_t)k->units * KEEL_UNIT_SIZE);
     CHECK(k->units >= 1 && k->units <= 16);
-    CHECK(k->batch >= 2 && k->batch <= 32);
-    CHECK(k->bin_limit >= k->batch);
-    CHECK(k->transfer_max >= 1 && k->transfer_max <= KEEL_TRANSFER_SLOTS);
+    CHECK(k->batch >= 1 && k->batch <= 32);
+    if (k->size > KEEL_CACHED_MAX) { /* never cached: no bin, no parked batches */
+      CHECK(k->bin_limit == 0 && k->transfer_max == 0);
+    } else {
+      CHECK(k->bin_limit >= 2 && k->bin_limit >= k->batch);
+      CHECK(k->transfer_max >= 1 && k->transfer_max <= KEEL_TRANSFER_SLOTS);
+    }
     /* The division magic is exact for every block offset in a slab. */
     size_t slab = (size_t)k->units * KEEL_UNIT_SIZE;
     for (size_t off = 0; off < slab; off += (off < 4096 ? 1 : 977)) {
@@ -275,6 +279,26 @@ static void test_fine_classes(void) {
   _keel_verify();
 }
 
+/* Blocks above KEEL_CACHED_MAX skip the thread cache both ways. */
+static void test_uncached_class(void) {
+  TEST_SECTION("classes above KEEL_CACHED_MAX are not cached");
+  keel_tcache_t* t = _keel_tc;
+  CHECK(t != &_keel_tc_empty);
+  unsigned cls = keel_size_class(40000);
+  CHECK(_keel_classes[cls].size > KEEL_CACHED_MAX);
+  for (int i = 0; i < 100; i++) {
+    void* p = malloc(40000);
+    CHECK(p != NULL && keel_pagemap_get(p) == cls);
+    free(p);
+    if (i == 99) CHECK(_keel_central_is_free(cls, p)); /* in its slab, not in a bin */
+  }
+  CHECK(t->head[cls] == NULL && t->bin[cls].max == 0 && t->bin[cls].avail == 0);
+  unsigned small = keel_size_class(KEEL_CACHED_MAX);
+  void* q = malloc(KEEL_CACHED_MAX);
+  free(q);
+  CHECK(t->head[small] == q); /* the largest cached class still is */
+}
+
 static void test_verify(void) {
   TEST_SECTION("invariant walk over a busy heap");
   void* blocks[3000];
@@ -360,6 +384,7 @@ int main(void) {
   test_options();
   test_thread_cache();
   test_fine_classes();
+  test_uncached_class();
   test_verify();
   test_stats_api();
   test_lock_stats();
