@@ -227,13 +227,11 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls) {
   static _Thread_local unsigned verify_tick;
   if (++verify_tick % KEEL_VERIFY_EVERY == 0) _keel_verify();
 #endif
-  if (t == &_keel_tc_empty) {
-    t = tcache_or_young();
-    if (t == NULL) return central_alloc_one(cls);
-  }
+  if (t == &_keel_tc_empty) t = tcache_or_young();
+  if (t == NULL || t->bin[cls].max == 0) /* cacheless, or an uncached class */
+    return central_alloc_one(cls);
   if (t->head[cls] == NULL) {
     const keel_class_t* k = &_keel_classes[cls];
-    if (t->bin[cls].max == 0) return central_alloc_one(cls); /* an uncached class */
     /* Take what the bin has room for now (a first refill takes one block), and grow it
      * afterwards, so a thread that allocates once from a class holds only that block. */
     uint32_t want = t->bin[cls].max < k->batch ? t->bin[cls].max : k->batch;
@@ -256,16 +254,8 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls) {
 }
 
 void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
-  if (t == &_keel_tc_empty) {
-    t = tcache_or_young();
-    if (t == NULL) {
-      ((void**)p)[0] = NULL;
-      ((uintptr_t*)p)[1] = _keel_free_key;
-      _keel_central_give(cls, p, 1);
-      return;
-    }
-  }
-  if (t->bin[cls].max == 0) { /* an uncached class: straight back to its slab */
+  if (t == &_keel_tc_empty) t = tcache_or_young();
+  if (t == NULL || t->bin[cls].max == 0) { /* cacheless, or an uncached class */
     ((void**)p)[0] = NULL;
     ((uintptr_t*)p)[1] = _keel_free_key;
     _keel_central_give(cls, p, 1);
