@@ -566,17 +566,14 @@ void _keel_verify(void) KEEL_INTERNAL;
  * the fast path; large and huge blocks are sampled on their own (slow) paths. */
 extern bool _keel_profiling KEEL_INTERNAL;
 void _keel_profile_init(void) KEEL_INTERNAL;
-/* The countdown of bin b (of the calling thread's cache) reached zero after popping p
- * for a request of n bytes: returns the block to hand out (p itself, or a sampled
- * block with p pushed back). */
 /* A bin's countdown stage ran out on popping p for a request of n bytes: starts the next
  * stage, or, when the countdown is spent, serves the request with a sampled block and
- * returns that instead. The _sized form finds the bin from n (fewer live registers in
- * malloc's fast path). */
+ * returns that instead. */
 void* _keel_profile_countdown_expired(keel_tcache_t* t, unsigned cls, void* p, size_t n) KEEL_INTERNAL;
+/* The same for the malloc fast path, whose bin follows from n (1..KEEL_SMALL_MAX) and
+ * the thread cache's class map: the fast path then needs no extra register to make the
+ * call. */
 void* _keel_profile_countdown_expired_sized(void* p, size_t n) KEEL_INTERNAL;
-/* The same for the malloc fast path, whose bin follows from n (1..KEEL_SMALL_MAX): the
- * fast path then needs no extra register to make the call. */
 void _keel_profile_sample_big(void* p, size_t n) KEEL_INTERNAL; /* large/huge, if due */
 void _keel_profile_forget(void* p) KEEL_INTERNAL;   /* a sampled block is freed */
 uint32_t _keel_profile_first_countdown(unsigned cls) KEEL_INTERNAL;

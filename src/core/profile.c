@@ -142,7 +142,10 @@ KEEL_HOT void* _keel_profile_countdown_expired(keel_tcache_t* t, unsigned cls, v
 
 
 KEEL_HOT void* _keel_profile_countdown_expired_sized(void* p, size_t n) {
-  return _keel_profile_countdown_expired(_keel_tc, keel_size_class(n), p, n);
+  /* The bin malloc's fast path popped: its cache's copy of the class map, which during
+   * the switch to fine classes may briefly differ from _keel_class_serving. */
+  keel_tcache_t* t = _keel_tc;
+  return _keel_profile_countdown_expired(t, __atomic_load_n(&t->class_of[(n - 1) >> 4], __ATOMIC_RELAXED), p, n);
 }
 
 void _keel_profile_sample_big(void* p, size_t n) {
