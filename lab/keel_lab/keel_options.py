@@ -63,7 +63,7 @@ OPTIONS: tuple[KeelOption, ...] = (
                "A helper thread wakes every KEEL_PURGE_DELAY/4 and returns free memory whose "
                "delay has passed, so an idle process shrinks; off: purging only happens "
                "inside malloc/free calls."),
-    KeelOption("KEEL_FINE_CLASSES", "size (K/M/G)", "32M",
+    KeelOption("KEEL_FINE_CLASSES", "size (K/M/G)", "4M",
                "Size classes. While Keel's slabs span less than this, requests are served "
                "by coarse classes (every 16 bytes up to 128, then four per doubling: up to "
                "25 % slack in a block, but fewer classes in use, so fewer partly used pages "

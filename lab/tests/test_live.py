@@ -215,7 +215,7 @@ def test_stats_mesh_estimate(tmp_path, cc, keel_path):
     src.write_text(SPARSE)
     subprocess.run([cc, "-O1", "-fno-builtin", str(src), "-o", str(exe)], check=True)
     # All classes from the start: the 1000-byte blocks are then all in the 1008 B class
-    # (the first 32 MiB would otherwise go to the coarse 1024 B class).
+    # (the first 4 MiB would otherwise go to the coarse 1024 B class).
     p = start_under_keel(exe, keel_path, {"KEEL_FINE_CLASSES": "0"})
     try:
         s = json.loads(keel("stats", str(p.pid), "--json", "--mesh", check=True).stdout)

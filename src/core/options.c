@@ -31,7 +31,7 @@ keel_options_t _keel_options = {
     .mesh = KEEL_MESH_OFF,
     .check_guard = 0,
     .child_purger = 4u << 20,
-    .fine_classes = 32u << 20,
+    .fine_classes = 4u << 20,
 };
 
 /* The program's configuration string, if it defines one (weak: most do not). */

@@ -36,7 +36,7 @@ static int conf(void) {
   EXPECT_OPT("profile_prefix", "/tmp/keel-conf-test");
   EXPECT_OPT("check", "0");
   EXPECT_OPT("child_purger", "4194304"); /* the default, 4M */
-  EXPECT_OPT("fine_classes", "33554432"); /* the default, 32M */
+  EXPECT_OPT("fine_classes", "4194304"); /* the default, 4M */
   return 0;
 }
 
