@@ -1,8 +1,8 @@
 """Reading a running Keel process's statistics from outside, without stopping it.
 
 A process under Keel (after its first second) has /dev/shm/keel-<pid>, mode 0600, laid
-out as below (layout version 5, little-endian; see src/core/publish.c and docs/design.md
-"Statistics another process can read"; layouts 2 to 4 are still read). A reader bumps
+out as below (layout version 6, little-endian; see src/core/publish.c and docs/design.md
+"Statistics another process can read"; layouts 2 to 5 are still read). A reader bumps
 `request`; the process's purger thread refreshes the figures within ~250 ms under a
 sequence lock and copies `request` to `answered`. `purge_request` works the same way
 and makes the process return its free memory to the OS.
@@ -25,16 +25,33 @@ STATS = struct.Struct("<II" + "Q" * len(STATS_FIELDS))  # keel_stats_t: 120 byte
 CLASS = struct.Struct("<QQQQQ")  # keel_class_stats_t
 OFF_REQUEST, OFF_ANSWERED, OFF_PURGE_REQ, OFF_PURGE_ANS, OFF_SEQ = 24, 32, 40, 48, 56
 OFF_PROFILE_REQ, OFF_PROFILE_ANS, OFF_PROFILE_PATH = 80, 88, 96
-LAYOUT_VERSION = 5
-# 2: without the lock counters; 3: without the mesh estimate; 4: without the mesh stats
-LAYOUTS_READ = (2, 3, 4, 5)
-OFF_NLOCKS = 5280  # after the 120 class entries (layout 3)
+LAYOUT_VERSION = 6
+# 2: without the lock counters; 3: without the mesh estimate; 4: without the mesh stats;
+# 5: 120 classes and 72 mesh rows (6: 127 and 73), so everything after the classes sits
+# 280 bytes earlier and the mesh statistics 352.
+LAYOUTS_READ = (2, 3, 4, 5, 6)
 LOCK = struct.Struct("<QQQ")  # acquired, contended, sleeps
-OFF_MESH_REQ, OFF_MESH_ANS, OFF_NMESH, OFF_MESH = 5480, 5488, 5496, 5504  # layout 4
+
+
+@dataclass(frozen=True)
+class Offsets:
+    nlocks: int       # layout 3
+    mesh_req: int     # layout 4: mesh_request, mesh_answered, nmesh, then the rows
+    mesh_rows: int    # most rows
+    mesh_stats: int   # layout 5
+
+
+OFFSETS_5 = Offsets(nlocks=5280, mesh_req=5480, mesh_rows=72, mesh_stats=10688)
+OFFSETS_6 = Offsets(nlocks=5560, mesh_req=5760, mesh_rows=73, mesh_stats=11040)
+
+
+def offsets(version: int) -> Offsets:
+    return OFFSETS_6 if version >= 6 else OFFSETS_5
+
+
 MESH_FIELDS = ["block_size", "pages", "free_pages", "candidates", "pair_saved", "pair_views",
                "pair_runs", "group_saved", "group_views"]
 MESH_ROW = struct.Struct("<" + "Q" * len(MESH_FIELDS))  # keel_mesh_estimate_t
-OFF_MESH_STATS = 10688  # layout 5: keel_mesh_stats_t, refreshed with the statistics
 MESH_STATS_FIELDS = ["groups", "views", "view_limit", "file_bytes", "meshed", "failed", "eroded",
                      "left", "released", "longest_ns", "busy_ns"]
 MESH_STATS = struct.Struct("<II" + "Q" * len(MESH_STATS_FIELDS))  # 96 bytes
@@ -76,7 +93,7 @@ class Snapshot:
     layout: int = 0
 
 
-def parse_mesh_stats(buf, offset: int = OFF_MESH_STATS) -> dict:
+def parse_mesh_stats(buf, offset: int = OFFSETS_6.mesh_stats) -> dict:
     """keel_mesh_stats_t (include/keel.h) at `offset` of a buffer, as a dict."""
     state, barrier, *rest = MESH_STATS.unpack_from(buf, offset)
     return {"state": state, "barrier": barrier, **dict(zip(MESH_STATS_FIELDS, rest))}
@@ -148,14 +165,15 @@ def _read_consistent(m, pid: int) -> Snapshot:
         st = STATS.unpack_from(m, HEADER.size)
         classes = [ClassStats(*CLASS.unpack_from(m, header_size + i * CLASS.size))
                    for i in range(nclasses)]
+        off = offsets(header[1])
         locks = {}
         if header[1] >= 3:
-            nlocks = struct.unpack_from("<I", m, OFF_NLOCKS)[0]
+            nlocks = struct.unpack_from("<I", m, off.nlocks)[0]
             for i in range(min(nlocks, len(LOCK_NAMES))):
                 locks[LOCK_NAMES[i]] = dict(zip(("acquired", "contended", "sleeps"),
-                                                LOCK.unpack_from(m, OFF_NLOCKS + 8 + i * LOCK.size)))
-        mesh_stats = (parse_mesh_stats(m) if header[1] >= 5 and len(m) >= OFF_MESH_STATS + MESH_STATS.size
-                      else None)
+                                                LOCK.unpack_from(m, off.nlocks + 8 + i * LOCK.size)))
+        mesh_stats = (parse_mesh_stats(m, off.mesh_stats)
+                      if header[1] >= 5 and len(m) >= off.mesh_stats + MESH_STATS.size else None)
         if struct.unpack_from("<Q", m, OFF_SEQ)[0] == seq1:
             return Snapshot(pid, dict(zip(STATS_FIELDS, st[2:])), classes, updated_ms, purged, locks,
                             mesh_stats, header[1])
@@ -204,17 +222,19 @@ def mesh_estimate(pid: int, timeout: float = 30.0) -> list[dict]:
     include/keel.h): one dict per size class up to 2 KiB, counts in OS pages."""
     m, f = _open(pid)
     try:
-        if HEADER.unpack_from(m, 0)[1] < 4:
+        version = HEADER.unpack_from(m, 0)[1]
+        if version < 4:
             raise LiveError(f"process {pid} runs a Keel without the meshing estimate (layout < 4)")
-        _bump_and_wait(m, OFF_MESH_REQ, OFF_MESH_ANS, timeout)
+        off = offsets(version)
+        _bump_and_wait(m, off.mesh_req, off.mesh_req + 8, timeout)
         for _ in range(100):
             seq1 = struct.unpack_from("<Q", m, OFF_SEQ)[0]
             if seq1 % 2:
                 time.sleep(0.001)
                 continue
-            n = struct.unpack_from("<I", m, OFF_NMESH)[0]
-            rows = [dict(zip(MESH_FIELDS, MESH_ROW.unpack_from(m, OFF_MESH + i * MESH_ROW.size)))
-                    for i in range(min(n, 72))]
+            n = struct.unpack_from("<I", m, off.mesh_req + 16)[0]
+            rows = [dict(zip(MESH_FIELDS, MESH_ROW.unpack_from(m, off.mesh_req + 24 + i * MESH_ROW.size)))
+                    for i in range(min(n, off.mesh_rows))]
             if struct.unpack_from("<Q", m, OFF_SEQ)[0] == seq1:
                 return rows
         raise LiveError("could not read a consistent meshing estimate")

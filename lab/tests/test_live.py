@@ -244,8 +244,10 @@ def test_stats_mesh_estimate(tmp_path, cc, keel_path):
 def published_bytes(version: int, pid: int, mesh: tuple | None = None) -> bytearray:
     """A /dev/shm/keel-<pid> as a Keel of layout `version` writes it: two size classes,
     two locks, `answered` far ahead (a reader's request counts as answered at once) and,
-    for layout 5, keel_mesh_stats_t = `mesh` (state, barrier, then 11 counters)."""
-    buf = bytearray(10688 + (96 if version >= 5 else 0))
+    for layouts 5 and 6, keel_mesh_stats_t = `mesh` (state, barrier, then 11 counters).
+    Layout 6 has 127 classes and 73 mesh rows, 5 had 120 and 72."""
+    nlocks, mesh_stats = (5560, 11040) if version >= 6 else (5280, 10688)
+    buf = bytearray(mesh_stats + (96 if version >= 5 else 0))
     struct.pack_into("<QIIQ", buf, 0, live.MAGIC, version, 480, pid)
     struct.pack_into("<Q", buf, 32, 1 << 40)                 # answered
     struct.pack_into("<QQQ", buf, 56, 2, 123456, 0)           # seq (even), updated_ms, purged
@@ -256,10 +258,10 @@ def published_bytes(version: int, pid: int, mesh: tuple | None = None) -> bytear
     struct.pack_into("<5Q", buf, 480, 1008, 4000, 100, 1100, 1100 * 65536)
     struct.pack_into("<5Q", buf, 520, 16, 50, 10, 1, 65536)
     if version >= 3:
-        struct.pack_into("<I", buf, 5280, 2)                  # nlocks
-        struct.pack_into("<6Q", buf, 5288, 1000, 10, 1, 200, 2, 0)
+        struct.pack_into("<I", buf, nlocks, 2)                # nlocks
+        struct.pack_into("<6Q", buf, nlocks + 8, 1000, 10, 1, 200, 2, 0)
     if version >= 5:
-        struct.pack_into("<II11Q", buf, 10688, *mesh)
+        struct.pack_into("<II11Q", buf, mesh_stats, *mesh)
     return buf
 
 
@@ -278,11 +280,12 @@ def fake_published(tmp_path, monkeypatch):
     return write
 
 
-def test_parse_layout5_mesh_stats(fake_published):
-    assert live.LAYOUT_VERSION == 5 and set(live.LAYOUTS_READ) == {2, 3, 4, 5}
-    pid = fake_published(published_bytes(5, os.getpid(), MESH_ON))
+@pytest.mark.parametrize("version", [5, 6])
+def test_parse_mesh_stats(fake_published, version):
+    assert live.LAYOUT_VERSION == 6 and set(live.LAYOUTS_READ) == {2, 3, 4, 5, 6}
+    pid = fake_published(published_bytes(version, os.getpid(), MESH_ON))
     snap = live.read(pid, timeout=0.5)
-    assert snap.layout == 5
+    assert snap.layout == version
     assert snap.stats["allocated"] == 7 << 20 and snap.stats["os_page_size"] == 4096
     assert [c.block_size for c in snap.classes] == [1008, 16]
     assert snap.locks["central"]["acquired"] == 1000 and snap.locks["page heap"]["contended"] == 2
@@ -291,7 +294,7 @@ def test_parse_layout5_mesh_stats(fake_published):
                                "failed": 1, "eroded": 7, "left": 3, "released": 2,
                                "longest_ns": 1_500_000, "busy_ns": 250_000_000}
     # the same figures from a plain buffer
-    assert live._read_consistent(bytes(published_bytes(5, 42, MESH_ON)), 42).mesh_stats == snap.mesh_stats
+    assert live._read_consistent(bytes(published_bytes(version, 42, MESH_ON)), 42).mesh_stats == snap.mesh_stats
 
 
 @pytest.mark.parametrize("version", [2, 3, 4])
@@ -304,7 +307,7 @@ def test_older_layouts_still_read(fake_published, version):
 
 
 def test_unknown_layout_refused(fake_published):
-    pid = fake_published(published_bytes(6, os.getpid(), MESH_ON))
+    pid = fake_published(published_bytes(7, os.getpid(), MESH_ON))
     with pytest.raises(live.LiveError, match="known layout"):
         live.read(pid, timeout=0.5)
 
@@ -314,7 +317,7 @@ def _stats_cmd(pid: int, as_json: bool) -> None:
 
 
 def test_stats_shows_meshing(fake_published, capsys):
-    pid = fake_published(published_bytes(5, os.getpid(), MESH_ON))
+    pid = fake_published(published_bytes(6, os.getpid(), MESH_ON))
     _stats_cmd(pid, True)
     doc = json.loads(capsys.readouterr().out)
     ms = doc["mesh_stats"]
@@ -327,7 +330,7 @@ def test_stats_shows_meshing(fake_published, capsys):
         assert text in out, (text, out)
 
 
-@pytest.mark.parametrize("version,mesh", [(5, (0,) * 13), (4, None)])
+@pytest.mark.parametrize("version,mesh", [(6, (0,) * 13), (5, (0,) * 13), (4, None)])
 def test_stats_without_meshing_unchanged(fake_published, capsys, version, mesh):
     pid = fake_published(published_bytes(version, os.getpid(), mesh))
     _stats_cmd(pid, True)
@@ -339,7 +342,7 @@ def test_stats_without_meshing_unchanged(fake_published, capsys, version, mesh):
 
 def test_suite_mesh_metrics(fake_published):
     from keel_lab.suites.base import mesh_stats_metrics, published_mesh_stats
-    pid = fake_published(published_bytes(5, os.getpid(), MESH_ON))
+    pid = fake_published(published_bytes(6, os.getpid(), MESH_ON))
     ms = published_mesh_stats(pid)
     assert mesh_stats_metrics(ms, "idle_1KiB") == {
         "mesh_pages_idle_1KiB": 60, "mesh_longest_ms_idle_1KiB": 1.5,

@@ -126,7 +126,7 @@ static KEEL_NOINLINE void free_slow(void* p, const char* call) {
     _keel_tcache_free_slow(t, p, cls);
     return;
   }
-  unsigned sampled = keel_sampled_class(kind);
+  unsigned sampled = keel_sampled_class(p, kind);
   if (sampled) { /* a heap-profile sample: forget it, then back to its own slab */
     bool exact;
     _keel_block_start(sampled, p, &exact);

@@ -45,7 +45,7 @@ static keel_slab_t* slab_new(unsigned cls, bool sampled) {
   keel_slab_t* s = _keel_pageheap_alloc(k->units, 1, &zeroed);
   if (s == NULL) return NULL;
   keel_chunk_t* c = keel_chunk_of(s);
-  uint8_t tag = sampled ? KEEL_KIND_SAMPLED(cls) : (uint8_t)cls;
+  uint8_t tag = sampled ? KEEL_KIND_SAMPLED : (uint8_t)cls;
   if (!_keel_pagemap_set((uintptr_t)slab_base(c, s), k->units, tag)) {
     _keel_pageheap_free(s);
     return NULL;

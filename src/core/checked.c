@@ -23,9 +23,6 @@
 #define QUARANTINE_SPAN ((size_t)1 << 30)
 #define GUARD_STACK_DEPTH 24
 
-_Static_assert(KEEL_KIND_GUARD > KEEL_KIND_SAMPLED(KEEL_NUM_CLASSES - 1),
-               "the guard tag must not be a sampled-slab tag");
-
 static keel_lock_t q_lock = KEEL_LOCK_INIT;
 keel_lock_t* const _keel_lock_quarantine = &q_lock; /* statistics (stats.c) */
 /* FIFO of freed blocks: a small block's address, or a guarded block's descriptor with

@@ -61,7 +61,7 @@
 #define KEEL_SMALL_MAX 1024              /* sizes served by the table-free fast path */
 #define KEEL_CLASS_MAX ((size_t)128 << 10) /* largest size class */
 #define KEEL_CACHED_MAX ((size_t)32 << 10) /* larger classes skip the caches (size_class.c) */
-#define KEEL_NUM_CLASSES 121              /* classes 1..120; 0 means "not a class" */
+#define KEEL_NUM_CLASSES 128              /* classes 1..127 (a page-map byte below 0x80); 0: none */
 #define KEEL_LARGE_MAX ((size_t)1 << 20)  /* larger blocks get their own mapping */
 #define KEEL_SLAB_MAX_OBJECTS 4096        /* 64 KiB of 16-byte blocks */
 #define KEEL_MAX_ALLOC ((size_t)PTRDIFF_MAX - (64u << 20)) /* larger requests: ENOMEM */
@@ -72,16 +72,12 @@
 #define KEEL_KIND_LARGE 0x80      /* first unit of a live large block */
 #define KEEL_KIND_HUGE 0x81       /* first unit of a live huge block */
 #define KEEL_KIND_FREED 0x82      /* first unit of a large/huge block that was freed */
-#define KEEL_KIND_GUARD 0xFB      /* checked mode: first unit of a guarded block's guard
+#define KEEL_KIND_SAMPLED 0x83    /* a unit of a slab holding heap-profile samples only: their
+                                     frees leave the fast path so the profiler can forget the
+                                     sample; the class is the slab's (keel_sampled_class) */
+#define KEEL_KIND_GUARD 0x84      /* checked mode: first unit of a guarded block's guard
                                      pages, live or in the quarantine (checked.c) */
-/* Units of a slab holding heap-profile samples of class c are tagged 0x82 + c, so their
- * frees leave the fast path and the profiler can forget the sample. */
-#define KEEL_KIND_SAMPLED_FIRST 0x83
-#define KEEL_KIND_SAMPLED(cls) ((uint8_t)(0x82 + (cls)))
-static inline unsigned keel_sampled_class(uint8_t kind) {
-  return kind >= KEEL_KIND_SAMPLED_FIRST && kind < KEEL_KIND_SAMPLED_FIRST + KEEL_NUM_CLASSES - 1
-             ? (unsigned)kind - 0x82 : 0;
-}
+_Static_assert(KEEL_NUM_CLASSES <= 0x80, "a class is a positive int8_t in the page map");
 
 /* ---- size classes (size_class.c) ------------------------------------------------------ */
 typedef struct keel_class_s {
@@ -101,7 +97,7 @@ void _keel_classes_init(void) KEEL_INTERNAL;
  * slab, a thread cache bin, a transfer cache), a big heap for the slack inside blocks.
  * So requests are first served by the coarse classes - 16-byte steps up to 128 bytes,
  * then four per doubling - and once Keel's slabs span KEEL_FINE_CLASSES bytes by all
- * the classes (16-byte steps to 1 KiB, eight per doubling above), for good. The fine
+ * the classes (16-byte steps to 1 KiB, nine per doubling above), for good. The fine
  * class of a request is computed; _keel_class_serving maps it to the class that serves
  * it (itself once fine). Blocks keep their class for life, so the switch needs no
  * synchronisation: a thread that reads an old entry gets a block of a coarse class,
@@ -115,10 +111,13 @@ bool _keel_classes_are_fine(void) KEEL_INTERNAL;
 /* The fine class of a request of n bytes, 1 <= n <= KEEL_CLASS_MAX. */
 static inline unsigned keel_fine_class(size_t n) {
   if (n <= KEEL_SMALL_MAX) return (unsigned)((n - 1) >> 4) + 1; /* 16-byte steps */
-  /* Eight classes per doubling above 1 KiB: at most 12.5 % of a block is slack. */
+  /* Above 1 KiB, nine classes per doubling 2^b: 2^b + 2^b/64 for a power of two plus a
+   * header (a 1 KiB Redis value is 1,030 bytes), then eight steps of 2^b/8, so at most
+   * 12.5 % of a block is slack. */
   unsigned b = 63u - (unsigned)__builtin_clzll((unsigned long long)(n - 1)); /* 2^b < n <= 2^(b+1) */
-  unsigned step = b - 3;
-  return 65u + (b - 10u) * 8u + (unsigned)((n - 1 - ((size_t)1 << b)) >> step);
+  size_t over = n - 1 - ((size_t)1 << b);
+  unsigned first = 65u + (b - 10u) * 9u;
+  return over < ((size_t)1 << (b - 6)) ? first : first + 1u + (unsigned)(over >> (b - 3));
 }
 
 /* The class that serves a request of n bytes now, 1 <= n <= KEEL_CLASS_MAX. */
@@ -178,6 +177,11 @@ static inline void* keel_unit_addr(keel_chunk_t* c, unsigned unit) {
 }
 static inline keel_slab_t* keel_span_head(keel_chunk_t* c, unsigned unit) {
   return &c->units[c->units[unit].head];
+}
+/* The class of a block whose unit is tagged kind if it lies in a sampled slab, else 0. The
+ * slab's class is written before its units are tagged and never changes while they are. */
+static inline unsigned keel_sampled_class(const void* p, uint8_t kind) {
+  return kind == KEEL_KIND_SAMPLED ? keel_span_head(keel_chunk_of(p), keel_unit_index(p))->cls : 0;
 }
 
 /* pageheap.c: spans of units, purging. Callers hold no central lock order violation:

@@ -9,12 +9,12 @@
  * PID` `profile_request` (the heap profile is written to
  * KEEL_PROFILE_PREFIX.<pid>.req<n>.heap, named in profile_path), and `keel stats PID
  * --mesh` `mesh_request` (the meshing estimate). Nobody looking costs a few loads per
- * purger tick. The layout is fixed (version 5) and documented in docs/design.md; the
+ * purger tick. The layout is fixed (version 6) and documented in docs/design.md; the
  * lab reads it. */
 #include "core/internal.h"
 
 #define PUBLISH_MAGIC 0x5441545354454b4bull /* "KKETSTAT" read little-endian */
-#define MESH_ROWS 72 /* classes up to 2 KiB, the ones meshing considers */
+#define MESH_ROWS 73 /* classes up to 2 KiB, the ones meshing considers */
 
 typedef struct keel_published_s {
   uint64_t magic;
@@ -53,12 +53,13 @@ typedef struct keel_published_s {
 
 _Static_assert(sizeof(keel_stats_t) == 120, "published layout: keel_stats_t is 120 bytes");
 _Static_assert(__builtin_offsetof(keel_published_t, stats) == 360, "published layout");
-_Static_assert(__builtin_offsetof(keel_published_t, nlocks) == 5280, "published layout: 120 classes");
-_Static_assert(__builtin_offsetof(keel_published_t, mesh_request) == 5480, "published layout 4");
-_Static_assert(__builtin_offsetof(keel_published_t, mesh) == 5504 && sizeof(keel_mesh_estimate_t) == 72,
-               "published layout 4: mesh rows");
-_Static_assert(__builtin_offsetof(keel_published_t, mesh_stats) == 10688 && sizeof(keel_mesh_stats_t) == 96,
-               "published layout 5: mesh statistics");
+/* Layout 6: 127 classes (120 before) and 73 mesh rows (72); the offsets below moved. */
+_Static_assert(__builtin_offsetof(keel_published_t, nlocks) == 5560, "published layout 6: 127 classes");
+_Static_assert(__builtin_offsetof(keel_published_t, mesh_request) == 5760, "published layout 6");
+_Static_assert(__builtin_offsetof(keel_published_t, mesh) == 5784 && sizeof(keel_mesh_estimate_t) == 72,
+               "published layout 6: mesh rows");
+_Static_assert(__builtin_offsetof(keel_published_t, mesh_stats) == 11040 && sizeof(keel_mesh_stats_t) == 96,
+               "published layout 6: mesh statistics");
 
 static keel_published_t* pub;
 static char pub_name[32];
@@ -103,7 +104,7 @@ static void create(void) {
   make_name();
   keel_published_t* p = (keel_published_t*)_keel_prim_publish_create(pub_name, sizeof *p);
   if (p == NULL) return;
-  p->layout_version = 5;
+  p->layout_version = 6;
   p->header_size = (uint32_t)__builtin_offsetof(keel_published_t, classes);
   p->pid = (uint64_t)_keel_prim_getpid();
   /* No figures yet (updated_ms 0): a reader asks for them, and a process nobody asks

@@ -25,7 +25,7 @@ static void verify_slab(keel_chunk_t* c, unsigned k, keel_slab_t* s, uint64_t* u
   for (unsigned u = 0; u < s->units; u++) {
     VERIFY(c->units[k + u].head == k);
     VERIFY(keel_pagemap_get(keel_unit_addr(c, k + u)) ==
-           (s->sampled ? KEEL_KIND_SAMPLED(cls) : cls));
+           (s->sampled ? KEEL_KIND_SAMPLED : cls));
   }
   used_by_class[cls] += s->used;
 }

@@ -465,7 +465,7 @@ static void test_mallctl_basics(void) {
   if (on_keel) {
     EXPECT_EQ_U(narenas, 1);
     EXPECT_EQ_U(read_unsigned("opt.narenas"), 1);
-    EXPECT_EQ_U(read_unsigned("arenas.nbins"), 120);
+    EXPECT_EQ_U(read_unsigned("arenas.nbins"), 127);
   }
 }
 
