@@ -54,12 +54,13 @@ static keel_slab_t* slab_new(unsigned cls, bool sampled) {
   s->cls = (uint8_t)cls;
   s->sampled = sampled;
   s->needs_trim = 0;
+  s->busy_trim_tick = 0;
   s->meshed = 0;
   s->used = 0;
   s->scan = 0;
   unsigned words = (k->count + 63) / 64;
-  for (unsigned w = 0; w < words; w++) s->free_bits[w] = ~(uint64_t)0;
-  if (k->count % 64) s->free_bits[words - 1] = ((uint64_t)1 << (k->count % 64)) - 1;
+  for (unsigned w = 0; w < words; w++) KEEL_SLAB_BITS(s, w) = ~(uint64_t)0;
+  if (k->count % 64) KEEL_SLAB_BITS(s, words - 1) = ((uint64_t)1 << (k->count % 64)) - 1;
   _keel_central[cls].slabs++;
   __atomic_add_fetch(&slab_units, k->units, __ATOMIC_RELAXED);
   return s;
@@ -108,11 +109,11 @@ static uint32_t slab_take_alone(keel_slab_t* s, const keel_class_t* k, uint32_t 
   char* base = (char*)slab_base(keel_chunk_of(s), s);
   unsigned words = (k->count + 63) / 64;
   for (unsigned w = s->scan; w < words; w++) {
-    int b = free_group(s->free_bits[w], k->size);
+    int b = free_group(KEEL_SLAB_BITS(s, w), k->size);
     if (b < 0) continue;
     for (uint32_t i = 0; i < want; i++) {
       link_block(base, (size_t)w * 64 + (unsigned)b + i, k->size, tail);
-      s->free_bits[w] &= ~((uint64_t)1 << (b + (int)i));
+      KEEL_SLAB_BITS(s, w) &= ~((uint64_t)1 << (b + (int)i));
     }
     s->used += want;
     return want;
@@ -131,14 +132,14 @@ static uint32_t slab_take(keel_slab_t* s, unsigned cls, uint32_t want, void*** t
   uint32_t got = 0;
   unsigned w = s->scan;
   for (; w < words && got < want; w++) {
-    uint64_t bits = s->free_bits[w];
+    uint64_t bits = KEEL_SLAB_BITS(s, w);
     while (bits && got < want) {
       unsigned b = (unsigned)__builtin_ctzll(bits);
       bits &= bits - 1;
       link_block(base, (size_t)w * 64 + b, k->size, tail);
       got++;
     }
-    s->free_bits[w] = bits;
+    KEEL_SLAB_BITS(s, w) = bits;
     if (bits) break;
   }
   s->scan = w;
@@ -172,6 +173,7 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
     n += slab_take(s, cls, want - n, &tail);
     if (s->used == k->count) partial_remove(cl, s);
   }
+  if (n > 0) cl->slab_take_tick = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
   *tail = NULL;
   cl->out += n;
   keel_unlock(&cl->lock);
@@ -222,6 +224,48 @@ void* _keel_block_start(unsigned cls, const void* p, bool* exact) {
   return start;
 }
 
+/* True if blocks first..last of slab s are all free (a word of the bitmap at a time). */
+static bool blocks_free(const keel_slab_t* s, size_t first, size_t last) {
+  for (size_t w = first / 64; w <= last / 64; w++) {
+    uint64_t want = ~(uint64_t)0;
+    if (w == first / 64) want &= ~(uint64_t)0 << (first % 64);
+    if (w == last / 64 && last % 64 != 63) want &= ((uint64_t)1 << (last % 64 + 1)) - 1;
+    if ((KEEL_SLAB_BITS(s, w) & want) != want) return false;
+  }
+  return true;
+}
+
+/* Free pages are purged on the purger's timer once nothing came back to their slab for
+ * the purge delay (_keel_central_decay). But a server that deletes or overwrites at
+ * random frees into every slab of a class all the time, and when the class takes
+ * nothing from its slabs meanwhile (Redis replacing 1 KiB values by smaller ones),
+ * nothing else will use the pages its frees empty: those are purged by the free that
+ * empties them, once the class has taken nothing from its slabs for `cold_ticks`. A
+ * class that takes again stops it, so churn in a busy class never pays madvise and a
+ * refault per page. 0 until the purger runs (never without it). */
+static uint32_t cold_ticks;
+
+/* Lock held: block idx of slab s (which still holds live blocks) just came back; purges
+ * the OS pages under it that now hold free blocks only. */
+static void purge_pages_of_block(unsigned cls, keel_slab_t* s, size_t idx) {
+  const keel_class_t* k = &_keel_classes[cls];
+  size_t page = _keel_page_size, start = idx * k->size;
+  char* base = (char*)slab_base(keel_chunk_of(s), s);
+  size_t from = 0, len = 0;
+  for (size_t off = start & ~(page - 1); off < start + k->size; off += page) {
+    size_t last = (off + page - 1) / k->size;
+    if (!blocks_free(s, off / k->size, last < k->count ? last : k->count - 1)) continue;
+    if (len == 0) from = off;
+    len += page;
+  }
+  if (len && _keel_prim_purge(base + from, len)) __atomic_fetch_add(&trimmed_bytes, len, __ATOMIC_RELAXED);
+}
+
+static bool purge_allowed(keel_slab_t* s) {
+  return !s->meshed && _keel_thp_purge_granule() <= _keel_page_size &&
+         !_keel_pageheap_promoted(slab_base(keel_chunk_of(s), s), s->units);
+}
+
 /* Returns block p to its slab; the central lock of cls is held. */
 static void slab_put(keel_central_t* cl, unsigned cls, void* p) {
   const keel_class_t* k = &_keel_classes[cls];
@@ -232,16 +276,20 @@ static void slab_put(keel_central_t* cl, unsigned cls, void* p) {
     _keel_misuse("free", "invalid pointer", p, ": not the start of a block", k->size);
   }
   uint64_t bit = (uint64_t)1 << (idx % 64);
-  if (s->free_bits[idx / 64] & bit) {
+  if (KEEL_SLAB_BITS(s, idx / 64) & bit) {
     keel_unlock(&cl->lock);
     _keel_misuse("free", "double free of pointer", p, NULL, k->size);
   }
-  s->free_bits[idx / 64] |= bit;
+  KEEL_SLAB_BITS(s, idx / 64) |= bit;
   s->needs_trim = 1;
-  s->put_tick = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  s->put_tick = now;
   if ((uint32_t)(idx / 64) < s->scan) s->scan = (uint32_t)(idx / 64);
   s->used--;
   cl->out--;
+  uint32_t cold = __atomic_load_n(&cold_ticks, __ATOMIC_RELAXED);
+  if (KEEL_UNLIKELY(cold != 0 && now - cl->slab_take_tick >= cold) && s->used > 0 && purge_allowed(s))
+    purge_pages_of_block(cls, s, (size_t)idx);
   if (s->used == 0) {
     /* Keep a lone empty slab: releasing it would make a class that is used a little
      * at a time create and destroy the same slab over and over. */
@@ -283,7 +331,7 @@ bool _keel_central_is_free(unsigned cls, void* p) {
   bool is_free = false;
   if (s->state == KEEL_UNIT_SLAB && s->cls == cls) {
     long idx = block_index(cls, s, p);
-    if (idx >= 0) is_free = (s->free_bits[idx / 64] >> (idx % 64)) & 1;
+    if (idx >= 0) is_free = (KEEL_SLAB_BITS(s, idx / 64) >> (idx % 64)) & 1;
   }
   for (uint32_t b = 0; b < cl->nbatches && !is_free; b++)
     for (void* q = cl->batches[b]; q != NULL && !is_free; q = *(void**)q) is_free = (q == p);
@@ -323,11 +371,6 @@ void _keel_central_drain_all(void) {
   }
 }
 
-static bool blocks_free(const keel_slab_t* s, size_t first, size_t last) {
-  for (size_t i = first; i <= last; i++)
-    if (!((s->free_bits[i / 64] >> (i % 64)) & 1)) return false;
-  return true;
-}
 
 /* Lock held. Purges every OS page of slab s whose blocks are all free in the slab (a
  * block that spans two pages keeps both). After deletes, most memory sits in slabs
@@ -368,8 +411,15 @@ static bool trim_allowed(unsigned cls, keel_slab_t* s) {
   return true;
 }
 
+/* Slabs of a cold class (see cold_ticks) trimmed per tick while blocks keep coming back
+ * to them: each costs a few madvise calls under the class's lock, so this bounds the
+ * lock hold. */
+#define BUSY_TRIM_SLABS 256
+
 __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ticks) {
-  uint64_t now = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  uint32_t cold = idle_ticks / 2 < 2 ? 2 : (uint32_t)(idle_ticks / 2);
+  __atomic_store_n(&cold_ticks, cold, __ATOMIC_RELAXED);
   /* KEEL_THP=always: a slab (at most 1 MiB) never holds a whole huge page, so trimming
    * its pages would only split the huge page around it. The slabs keep needs_trim and
    * are trimmed if the policy changes back. */
@@ -378,11 +428,24 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
     keel_central_t* cl = &_keel_central[cls];
     if (cl->nbatches == 0 && cl->partial == NULL && cl->sampled_partial == NULL) continue;
     keel_lock(&cl->lock);
-    if (cl->nbatches > 0 && (uint32_t)now - cl->touched >= idle_ticks) drain_transfer(cl, cls);
+    if (cl->nbatches > 0 && now - cl->touched >= idle_ticks) drain_transfer(cl, cls);
+    /* A slab is trimmed once no block has come back to it for idle_ticks; in a cold
+     * class, whose frees purge what they empty from now on, also the pages emptied
+     * before it went cold, each slab once per idle_ticks. */
+    bool busy_ok = now - cl->slab_take_tick >= cold;
+    unsigned busy_budget = BUSY_TRIM_SLABS;
     for (int sampled = 0; sampled < 2; sampled++)
-      for (keel_slab_t* s = sampled ? cl->sampled_partial : cl->partial; s != NULL; s = s->next)
-        if (trim && s->needs_trim && (uint32_t)now - s->put_tick >= idle_ticks && trim_allowed(cls, s))
-          trim_slab(cls, s);
+      for (keel_slab_t* s = sampled ? cl->sampled_partial : cl->partial; s != NULL; s = s->next) {
+        if (!trim || !s->needs_trim) continue;
+        bool quiet = now - s->put_tick >= idle_ticks;
+        if (!quiet && (!busy_ok || busy_budget == 0 || (int32_t)(now - s->busy_trim_tick) < 0)) continue;
+        if (!trim_allowed(cls, s)) continue;
+        if (!quiet) {
+          busy_budget--;
+          s->busy_trim_tick = now + (uint32_t)idle_ticks;
+        }
+        trim_slab(cls, s);
+      }
     keel_unlock(&cl->lock);
   }
 }

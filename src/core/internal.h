@@ -144,8 +144,8 @@ typedef struct keel_slab_s {
   uint32_t used;     /* slab: blocks out of the slab (live or in a cache) */
   uint32_t scan;     /* slab: first bitmap word that may have a free bit */
   uint32_t put_tick; /* slab: purger tick when a block last came back */
+  uint32_t busy_trim_tick; /* slab: first tick it may be trimmed while blocks come back */
   uint64_t size;     /* large: usable size; free head: ms timestamp when freed */
-  uint64_t free_bits[KEEL_SLAB_MAX_OBJECTS / 64]; /* slab: bit set = block free in slab */
 } keel_slab_t;
 
 #define KEEL_CHUNK_MAGIC 0x4b45454c43484e4bull /* "KEELCHNK" */
@@ -162,6 +162,12 @@ typedef struct keel_chunk_s {
                            * only whole, never trimmed or meshed */
   uint64_t promote_ms;    /* when the purger last looked for huge pages to collapse */
   keel_slab_t units[KEEL_CHUNK_UNITS];
+  /* Each slab's bitmap (bit set = block free in the slab), in the row of its head unit:
+   * word w of every unit's bitmap sits in row w. A slab of blocks of 1 KiB and up needs
+   * one word, so a heap of them touches one page of rows per chunk instead of the whole
+   * 32 KiB; 16-byte blocks need all 64 rows. (With a bitmap per unit entry, a full
+   * chunk's header kept 36 KiB resident whatever its slabs held: 0.9 % of its memory.) */
+  uint64_t free_rows[KEEL_SLAB_MAX_OBJECTS / 64][KEEL_CHUNK_UNITS];
 } keel_chunk_t;
 
 _Static_assert(sizeof(keel_chunk_t) <= KEEL_UNIT_SIZE, "chunk header must fit in unit 0");
@@ -178,6 +184,8 @@ static inline void* keel_unit_addr(keel_chunk_t* c, unsigned unit) {
 static inline keel_slab_t* keel_span_head(keel_chunk_t* c, unsigned unit) {
   return &c->units[c->units[unit].head];
 }
+/* Word w of the free bitmap of slab s (its head unit's entry). */
+#define KEEL_SLAB_BITS(s, w) (keel_chunk_of(s)->free_rows[(w)][(s) - keel_chunk_of(s)->units])
 /* The class of a block whose unit is tagged kind if it lies in a sampled slab, else 0. The
  * slab's class is written before its units are tagged and never changes while they are. */
 static inline unsigned keel_sampled_class(const void* p, uint8_t kind) {
@@ -270,6 +278,7 @@ uint64_t _keel_meta_bytes(void) KEEL_INTERNAL;
 typedef struct keel_central_s {
   keel_lock_t lock;
   uint32_t nbatches;
+  uint32_t slab_take_tick; /* purger tick when blocks were last taken from a slab */
   keel_slab_t* partial; /* slabs with free blocks */
   keel_slab_t* sampled_partial; /* the same, for slabs holding profile samples */
   void* batches[KEEL_TRANSFER_SLOTS]; /* each a NULL-terminated list of `batch` blocks */
@@ -299,7 +308,8 @@ bool _keel_central_is_free(unsigned cls, void* p) KEEL_INTERNAL;
 void _keel_central_drain_all(void) KEEL_INTERNAL;
 /* The same for classes whose transfer cache has not been used for `idle_ticks`; and the
  * OS pages inside partly used slabs that hold only free blocks, untouched for as long,
- * go back to the OS. */
+ * go back to the OS - or, in a class that has taken nothing from its slabs for as long,
+ * while blocks still come back (a bounded number of slabs per tick). */
 void _keel_central_decay(uint64_t idle_ticks) KEEL_INTERNAL;
 uint64_t _keel_central_trimmed_bytes(void) KEEL_INTERNAL;
 void _keel_central_lock_all(void) KEEL_INTERNAL;

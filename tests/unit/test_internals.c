@@ -301,6 +301,68 @@ static void test_uncached_class(void) {
   CHECK(t->head[small] == q); /* the largest cached class still is */
 }
 
+/* A class that takes nothing from its slabs while blocks keep coming back (a server
+ * replacing values by smaller ones) has its wholly free pages purged anyway: by the
+ * purger, each slab once per idle period, and from then on by the frees that empty
+ * them; a class still taking from its slabs waits until the frees stop. */
+static void test_busy_trim(void) {
+  TEST_SECTION("pages of a cold class purged while frees go on");
+  _keel_options.background_purge = false; /* the purger thread must not decay meanwhile */
+  unsigned cls = keel_size_class(1000);
+  const keel_class_t* k = &_keel_classes[cls];
+  keel_central_t* cl = &_keel_central[cls];
+  enum { N = 1024, IDLE = 1000 };
+  static void* b[N];
+  uint64_t out_before = cl->out;
+  bool small_pages = _keel_page_size * 4 <= KEEL_UNIT_SIZE; /* else no page of a slab empties */
+  for (int i = 0; i < N; i++) {
+    b[i] = _keel_alloc_direct(cls);
+    memset(b[i], 1, k->size);
+  }
+  _keel_central_decay(IDLE); /* sets the cold threshold (IDLE / 2 ticks) */
+  uint64_t before = _keel_central_trimmed_bytes();
+  /* Keep one block in 16: three pages in four hold free blocks only (4 KiB pages). */
+  for (int i = 0; i < N; i++)
+    if (i % 16) {
+      ((void**)b[i])[0] = NULL;
+      _keel_central_give(cls, b[i], 1);
+    }
+  CHECK(_keel_central_trimmed_bytes() == before); /* the class has just taken */
+  uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  unsigned slabs = 0;
+  for (keel_slab_t* s = cl->partial; s != NULL; s = s->next, slabs++)
+    s->put_tick = now; /* blocks came back just now */
+  CHECK(slabs >= 2);
+  cl->slab_take_tick = now; /* still taking: wait */
+  _keel_central_decay(IDLE);
+  CHECK(_keel_central_trimmed_bytes() == before);
+  cl->slab_take_tick = now - 2 * IDLE; /* taking nothing for long */
+  _keel_central_decay(IDLE);
+  uint64_t after = _keel_central_trimmed_bytes();
+  if (small_pages)
+    CHECK_MSG(after >= before + (uint64_t)slabs * k->units * KEEL_UNIT_SIZE / 2,
+              "trimmed %llu bytes of %u slabs", (unsigned long long)(after - before), slabs);
+  for (keel_slab_t* s = cl->partial; s != NULL; s = s->next) CHECK(!s->needs_trim);
+  /* Cold now: a free that empties a page purges it at once... */
+  for (int i = 16; i < N; i += 32) {
+    ((void**)b[i])[0] = NULL;
+    _keel_central_give(cls, b[i], 1);
+    b[i] = NULL;
+  }
+  uint64_t freed = _keel_central_trimmed_bytes();
+  if (small_pages) CHECK(freed > after);
+  /* ...and the purger does not trim those slabs again before the idle period is over. */
+  _keel_central_decay(IDLE);
+  CHECK(_keel_central_trimmed_bytes() == freed);
+  for (int i = 0; i < N; i += 16)
+    if (b[i]) {
+      ((void**)b[i])[0] = NULL;
+      _keel_central_give(cls, b[i], 1);
+    }
+  CHECK(cl->out == out_before);
+  _keel_options.background_purge = true;
+}
+
 static void test_verify(void) {
   TEST_SECTION("invariant walk over a busy heap");
   void* blocks[3000];
@@ -387,6 +449,7 @@ int main(void) {
   test_thread_cache();
   test_fine_classes();
   test_uncached_class();
+  test_busy_trim();
   test_verify();
   test_stats_api();
   test_lock_stats();
