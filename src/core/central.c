@@ -176,11 +176,20 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
   if (n > 0) cl->slab_take_tick = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
   *tail = NULL;
   cl->out += n;
+  bool exhausted = cl->partial == NULL;
   keel_unlock(&cl->lock);
   *got = n;
   if (KEEL_UNLIKELY(grew))
     _keel_classes_slabs_grew(__atomic_load_n(&slab_units, __ATOMIC_RELAXED) << KEEL_UNIT_SHIFT);
+  if (KEEL_UNLIKELY(exhausted && __atomic_load_n(&_keel_class_group_pending[cls], __ATOMIC_RELAXED)))
+    _keel_classes_coarse_exhausted(cls);
   return head;
+}
+
+bool _keel_central_has_free(unsigned cls) {
+  const keel_central_t* cl = &_keel_central[cls];
+  return __atomic_load_n(&cl->partial, __ATOMIC_RELAXED) != NULL ||
+         __atomic_load_n(&cl->nbatches, __ATOMIC_RELAXED) != 0;
 }
 
 void* _keel_central_take_sampled(unsigned cls) {

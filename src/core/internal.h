@@ -104,8 +104,14 @@ void _keel_classes_init(void) KEEL_INTERNAL;
  * which is as valid as ever. Each thread cache holds a copy of the entries up to
  * KEEL_SMALL_MAX for malloc's fast path (one indexed load). */
 extern uint8_t _keel_class_serving[KEEL_NUM_CLASSES] KEEL_INTERNAL;
+/* 1 for a coarse class that still serves finer classes (size_class.c). */
+extern uint8_t _keel_class_group_pending[KEEL_NUM_CLASSES] KEEL_INTERNAL;
 /* Keel's slabs now span slab_bytes: switch to the fine classes if that is enough. */
 void _keel_classes_slabs_grew(uint64_t slab_bytes) KEEL_INTERNAL KEEL_NOINLINE;
+/* Coarse class c has no partly used slab left: the classes it served switch if due. */
+void _keel_classes_coarse_exhausted(unsigned c) KEEL_INTERNAL KEEL_NOINLINE;
+/* The heap has reached KEEL_FINE_CLASSES (some groups may still wait for their coarse
+ * class to run out). */
 bool _keel_classes_are_fine(void) KEEL_INTERNAL;
 
 /* The fine class of a request of n bytes, 1 <= n <= KEEL_CLASS_MAX. */
@@ -295,6 +301,8 @@ extern uint64_t _keel_ticks KEEL_INTERNAL;
 
 extern keel_central_t _keel_central[KEEL_NUM_CLASSES] KEEL_INTERNAL;
 
+/* Class cls has free blocks in its slabs or transfer cache (unlocked: a hint). */
+bool _keel_central_has_free(unsigned cls) KEEL_INTERNAL;
 /* Takes up to `want` blocks of class cls; returns a NULL-terminated list and sets *got.
  * NULL (and *got 0) when memory is exhausted. */
 void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) KEEL_INTERNAL;

@@ -8,7 +8,9 @@
 
 keel_class_t _keel_classes[KEEL_NUM_CLASSES];
 uint8_t _keel_class_serving[KEEL_NUM_CLASSES];
-static bool fine; /* the switch to the fine classes has happened */
+uint8_t _keel_class_group_pending[KEEL_NUM_CLASSES];
+static uint8_t coarse_of[KEEL_NUM_CLASSES]; /* the class that serves each one while coarse */
+static bool fine; /* the heap has reached KEEL_FINE_CLASSES */
 
 static size_t class_size(unsigned cls) {
   if (cls <= 64) return (size_t)cls * 16;
@@ -66,18 +68,39 @@ void _keel_classes_init(void) {
       unsigned log = 63u - (unsigned)__builtin_clzll((unsigned long long)size);
       if (size <= 128 || size % ((size_t)1 << (log - 2)) == 0) break;
     }
+    coarse_of[cls] = (uint8_t)serving;
     _keel_class_serving[cls] = (uint8_t)(_keel_options.fine_classes == 0 ? cls : serving);
+    if (serving != cls && _keel_options.fine_classes != 0) _keel_class_group_pending[serving] = 1;
   }
   fine = _keel_options.fine_classes == 0;
 }
 
+/* The classes that coarse class c served now serve themselves; false if they did already. */
+static bool switch_group(unsigned c) {
+  if (!__atomic_exchange_n(&_keel_class_group_pending[c], 0, __ATOMIC_RELAXED)) return false;
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++)
+    if (coarse_of[cls] == c) __atomic_store_n(&_keel_class_serving[cls], (uint8_t)cls, __ATOMIC_RELAXED);
+  return true;
+}
+
 bool _keel_classes_are_fine(void) { return __atomic_load_n(&fine, __ATOMIC_RELAXED); }
 
-/* Called after a new slab, with no lock held: the switch takes the thread registry's. */
+/* Called after a new slab, with no lock held: the switch takes the thread registry's.
+ * Groups whose coarse class has no free block switch now; the others once their
+ * coarse class runs out (_keel_classes_coarse_exhausted), so that the free blocks the
+ * coarse phase left are used before the finer classes start slabs of their own. (All
+ * at once, blocks freed after the switch left holes in the coarse slabs that only
+ * requests of the coarse class's own size filled.) */
 void _keel_classes_slabs_grew(uint64_t slab_bytes) {
   if (__atomic_load_n(&fine, __ATOMIC_RELAXED) || slab_bytes < _keel_options.fine_classes) return;
   if (__atomic_exchange_n(&fine, true, __ATOMIC_RELAXED)) return;
-  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++)
-    __atomic_store_n(&_keel_class_serving[cls], (uint8_t)cls, __ATOMIC_RELAXED);
-  _keel_tcache_classes_changed();
+  bool any = false;
+  for (unsigned c = 1; c < KEEL_NUM_CLASSES; c++)
+    if (__atomic_load_n(&_keel_class_group_pending[c], __ATOMIC_RELAXED) && !_keel_central_has_free(c))
+      any |= switch_group(c);
+  if (any) _keel_tcache_classes_changed();
+}
+
+void _keel_classes_coarse_exhausted(unsigned c) {
+  if (__atomic_load_n(&fine, __ATOMIC_RELAXED) && switch_group(c)) _keel_tcache_classes_changed();
 }
