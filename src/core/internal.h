@@ -168,12 +168,16 @@ typedef struct keel_chunk_s {
                            * only whole, never trimmed or meshed */
   uint64_t promote_ms;    /* when the purger last looked for huge pages to collapse */
   keel_slab_t units[KEEL_CHUNK_UNITS];
-  /* Each slab's bitmap (bit set = block free in the slab), in the row of its head unit:
-   * word w of every unit's bitmap sits in row w. A slab of blocks of 1 KiB and up needs
-   * one word, so a heap of them touches one page of rows per chunk instead of the whole
-   * 32 KiB; 16-byte blocks need all 64 rows. (With a bitmap per unit entry, a full
-   * chunk's header kept 36 KiB resident whatever its slabs held: 0.9 % of its memory.) */
-  uint64_t free_rows[KEEL_SLAB_MAX_OBJECTS / 64][KEEL_CHUNK_UNITS];
+  /* Each slab's bitmap (bit set = block free in the slab), kept by its head unit: the
+   * first word of every unit's bitmap together in one row, the other words of each unit
+   * together after it. A slab of blocks of 1 KiB and up has one word, so a heap of
+   * them touches one page of bitmaps per chunk instead of 32 KiB (Redis holding 1 KiB
+   * values), while a slab of small blocks keeps its words on one or two pages (a small
+   * process; all words in rows by index cost an idle `sleep` 32 KiB). With a bitmap in
+   * each unit's descriptor, a full chunk kept 36 KiB resident whatever its slabs held.
+   * Unit 0 holds this header, never a slab. */
+  uint64_t free_first[KEEL_CHUNK_UNITS];
+  uint64_t free_rest[KEEL_CHUNK_UNITS - 1][KEEL_SLAB_MAX_OBJECTS / 64 - 1]; /* from unit 1 */
 } keel_chunk_t;
 
 _Static_assert(sizeof(keel_chunk_t) <= KEEL_UNIT_SIZE, "chunk header must fit in unit 0");
@@ -190,8 +194,10 @@ static inline void* keel_unit_addr(keel_chunk_t* c, unsigned unit) {
 static inline keel_slab_t* keel_span_head(keel_chunk_t* c, unsigned unit) {
   return &c->units[c->units[unit].head];
 }
-/* Word w of the free bitmap of slab s (its head unit's entry). */
-#define KEEL_SLAB_BITS(s, w) (keel_chunk_of(s)->free_rows[(w)][(s) - keel_chunk_of(s)->units])
+/* Word w of the free bitmap of slab s (kept by its head unit). */
+#define KEEL_SLAB_BITS(s, w)                                              \
+  (*((w) == 0 ? &keel_chunk_of(s)->free_first[(s) - keel_chunk_of(s)->units] \
+              : &keel_chunk_of(s)->free_rest[(s) - keel_chunk_of(s)->units - 1][(w) - 1]))
 /* The class of a block whose unit is tagged kind if it lies in a sampled slab, else 0. The
  * slab's class is written before its units are tagged and never changes while they are. */
 static inline unsigned keel_sampled_class(const void* p, uint8_t kind) {
