@@ -254,20 +254,32 @@ static bool blocks_free(const keel_slab_t* s, size_t first, size_t last) {
  * refault per page. 0 until the purger runs (never without it). */
 static uint32_t cold_ticks;
 
+/* True if the OS page at offset off of slab s holds free blocks only (a block that spans
+ * two pages keeps both), or only the slab's unused tail. */
+static bool page_free(const keel_slab_t* s, const keel_class_t* k, size_t off) {
+  size_t first = off / k->size, last = (off + _keel_page_size - 1) / k->size;
+  if (first >= k->count) return true;
+  return blocks_free(s, first, last < k->count ? last : k->count - 1);
+}
+
+/* Purges bytes [from, from + len) of slab s, if any. */
+static void purge_run(keel_slab_t* s, size_t from, size_t len) {
+  if (len == 0) return;
+  char* base = (char*)slab_base(keel_chunk_of(s), s);
+  if (s->meshed) _keel_mesh_leave(base + from, len); /* views become fresh */
+  if (_keel_prim_purge(base + from, len)) __atomic_fetch_add(&trimmed_bytes, len, __ATOMIC_RELAXED);
+}
+
 /* Lock held: block idx of slab s (which still holds live blocks) just came back; purges
  * the OS pages under it that now hold free blocks only. */
-static void purge_pages_of_block(unsigned cls, keel_slab_t* s, size_t idx) {
-  const keel_class_t* k = &_keel_classes[cls];
-  size_t page = _keel_page_size, start = idx * k->size;
-  char* base = (char*)slab_base(keel_chunk_of(s), s);
-  size_t from = 0, len = 0;
+static void purge_pages_of_block(const keel_class_t* k, keel_slab_t* s, size_t idx) {
+  size_t page = _keel_page_size, start = idx * k->size, from = 0, len = 0;
   for (size_t off = start & ~(page - 1); off < start + k->size; off += page) {
-    size_t last = (off + page - 1) / k->size;
-    if (!blocks_free(s, off / k->size, last < k->count ? last : k->count - 1)) continue;
+    if (!page_free(s, k, off)) continue;
     if (len == 0) from = off;
     len += page;
   }
-  if (len && _keel_prim_purge(base + from, len)) __atomic_fetch_add(&trimmed_bytes, len, __ATOMIC_RELAXED);
+  purge_run(s, from, len);
 }
 
 static bool purge_allowed(keel_slab_t* s) {
@@ -298,7 +310,7 @@ static void slab_put(keel_central_t* cl, unsigned cls, void* p) {
   cl->out--;
   uint32_t cold = __atomic_load_n(&cold_ticks, __ATOMIC_RELAXED);
   if (KEEL_UNLIKELY(cold != 0 && now - cl->slab_take_tick >= cold) && s->used > 0 && purge_allowed(s))
-    purge_pages_of_block(cls, s, (size_t)idx);
+    purge_pages_of_block(k, s, (size_t)idx);
   if (s->used == 0) {
     /* Keep a lone empty slab: releasing it would make a class that is used a little
      * at a time create and destroy the same slab over and over. */
@@ -380,32 +392,23 @@ void _keel_central_drain_all(void) {
   }
 }
 
-
 /* Lock held. Purges every OS page of slab s whose blocks are all free in the slab (a
  * block that spans two pages keeps both). After deletes, most memory sits in slabs
  * that still hold a few live blocks: this is how it goes back to the OS. */
 static void trim_slab(unsigned cls, keel_slab_t* s) {
   const keel_class_t* k = &_keel_classes[cls];
-  char* base = (char*)slab_base(keel_chunk_of(s), s);
   size_t page = _keel_page_size, bytes = (size_t)s->units << KEEL_UNIT_SHIFT;
   size_t run_start = 0, run_len = 0;
-  for (size_t off = 0; off <= bytes; off += page) {
-    bool purgeable = false;
-    if (off < bytes) {
-      size_t first = off / k->size, last = (off + page - 1) / k->size;
-      if (first >= k->count) purgeable = true; /* the slab's unused tail */
-      else purgeable = blocks_free(s, first, last < k->count ? last : k->count - 1);
-    }
-    if (purgeable) {
+  for (size_t off = 0; off < bytes; off += page) {
+    if (page_free(s, k, off)) {
       if (run_len == 0) run_start = off;
       run_len += page;
-    } else if (run_len) {
-      if (s->meshed) _keel_mesh_leave(base + run_start, run_len); /* views become fresh */
-      if (_keel_prim_purge(base + run_start, run_len))
-        __atomic_fetch_add(&trimmed_bytes, run_len, __ATOMIC_RELAXED);
+    } else {
+      purge_run(s, run_start, run_len);
       run_len = 0;
     }
   }
+  purge_run(s, run_start, run_len);
   s->needs_trim = 0;
 }
 

@@ -2,7 +2,8 @@
  * 16-byte steps up to 1 KiB (where most database objects live, and where glibc's
  * 16-byte granularity is the bar for memory use), then nine classes per doubling up
  * to 128 KiB: 2^b + 2^b/64, for the power of two plus a header that servers allocate
- * (a 1 KiB Redis value is a 1,030-byte string), and eight steps of 2^b/8. Each class gets the smallest slab (1..16 units) that wastes little.
+ * (a 1 KiB Redis value is a 1,030-byte string), and eight steps of 2^b/8. Each class
+ * gets the smallest slab (1..16 units) that wastes little.
  * A small heap is served by a coarse subset of them (internal.h, "Coarse, then fine"). */
 #include "core/internal.h"
 
