@@ -152,7 +152,11 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
   const keel_class_t* k = &_keel_classes[cls];
   keel_lock(&cl->lock);
   if (cl->nbatches > 0 && want >= k->batch) {
-    cl->touched = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+    /* A take from the transfer cache counts too: a class that cycles its blocks through
+     * it (PostgreSQL's 8-32 KiB memory-context blocks, batches of one) and spills the
+     * surplus into its slabs is not cold, and purging what the spills free would make
+     * the next refill fault the pages back in. */
+    cl->touched = cl->take_tick = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
     void* list = cl->batches[--cl->nbatches];
     keel_unlock(&cl->lock);
     *got = k->batch;
@@ -173,7 +177,7 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
     n += slab_take(s, cls, want - n, &tail);
     if (s->used == k->count) partial_remove(cl, s);
   }
-  if (n > 0) cl->slab_take_tick = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  if (n > 0) cl->take_tick = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
   *tail = NULL;
   cl->out += n;
   bool exhausted = cl->partial == NULL;
@@ -249,7 +253,7 @@ static bool blocks_free(const keel_slab_t* s, size_t first, size_t last) {
  * random frees into every slab of a class all the time, and when the class takes
  * nothing from its slabs meanwhile (Redis replacing 1 KiB values by smaller ones),
  * nothing else will use the pages its frees empty: those are purged by the free that
- * empties them, once the class has taken nothing from its slabs for `cold_ticks`. A
+ * empties them, once the class has taken nothing for `cold_ticks`. A
  * class that takes again stops it, so churn in a busy class never pays madvise and a
  * refault per page. 0 until the purger runs (never without it). */
 static uint32_t cold_ticks;
@@ -309,7 +313,7 @@ static void slab_put(keel_central_t* cl, unsigned cls, void* p) {
   s->used--;
   cl->out--;
   uint32_t cold = __atomic_load_n(&cold_ticks, __ATOMIC_RELAXED);
-  if (KEEL_UNLIKELY(cold != 0 && now - cl->slab_take_tick >= cold) && s->used > 0 && purge_allowed(s))
+  if (KEEL_UNLIKELY(cold != 0 && now - cl->take_tick >= cold) && s->used > 0 && purge_allowed(s))
     purge_pages_of_block(k, s, (size_t)idx);
   if (s->used == 0) {
     /* Keep a lone empty slab: releasing it would make a class that is used a little
@@ -444,7 +448,7 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
     /* A slab is trimmed once no block has come back to it for idle_ticks; in a cold
      * class, whose frees purge what they empty from now on, also the pages emptied
      * before it went cold, each slab once per idle_ticks. */
-    bool busy_ok = now - cl->slab_take_tick >= cold;
+    bool busy_ok = now - cl->take_tick >= cold;
     unsigned busy_budget = BUSY_TRIM_SLABS;
     for (int sampled = 0; sampled < 2; sampled++)
       for (keel_slab_t* s = sampled ? cl->sampled_partial : cl->partial; s != NULL; s = s->next) {

@@ -290,7 +290,7 @@ uint64_t _keel_meta_bytes(void) KEEL_INTERNAL;
 typedef struct keel_central_s {
   keel_lock_t lock;
   uint32_t nbatches;
-  uint32_t slab_take_tick; /* purger tick when blocks were last taken from a slab */
+  uint32_t take_tick; /* purger tick when blocks were last taken (slab or transfer cache) */
   keel_slab_t* partial; /* slabs with free blocks */
   keel_slab_t* sampled_partial; /* the same, for slabs holding profile samples */
   void* batches[KEEL_TRANSFER_SLOTS]; /* each a NULL-terminated list of `batch` blocks */

@@ -346,10 +346,10 @@ static void test_busy_trim(void) {
   for (keel_slab_t* s = cl->partial; s != NULL; s = s->next, slabs++)
     s->put_tick = now; /* blocks came back just now */
   CHECK(slabs >= 2);
-  cl->slab_take_tick = now; /* still taking: wait */
+  cl->take_tick = now; /* still taking: wait */
   _keel_central_decay(IDLE);
   CHECK(_keel_central_trimmed_bytes() == before);
-  cl->slab_take_tick = now - 2 * IDLE; /* taking nothing for long */
+  cl->take_tick = now - 2 * IDLE; /* taking nothing for long */
   _keel_central_decay(IDLE);
   uint64_t after = _keel_central_trimmed_bytes();
   if (small_pages)
