@@ -322,8 +322,8 @@ bool _keel_central_is_free(unsigned cls, void* p) KEEL_INTERNAL;
 void _keel_central_drain_all(void) KEEL_INTERNAL;
 /* The same for classes whose transfer cache has not been used for `idle_ticks`; and the
  * OS pages inside partly used slabs that hold only free blocks, untouched for as long,
- * go back to the OS - or, in a class that has taken nothing from its slabs for as long,
- * while blocks still come back (a bounded number of slabs per tick). */
+ * go back to the OS - or, in a cold class (one that has taken no blocks for half as
+ * long), while blocks still come back (a bounded number of slabs per tick). */
 void _keel_central_decay(uint64_t idle_ticks) KEEL_INTERNAL;
 uint64_t _keel_central_trimmed_bytes(void) KEEL_INTERNAL;
 void _keel_central_lock_all(void) KEEL_INTERNAL;
