@@ -58,9 +58,7 @@ static keel_slab_t* slab_new(unsigned cls, bool sampled) {
   s->meshed = 0;
   s->used = 0;
   s->scan = 0;
-  unsigned words = (k->count + 63) / 64;
-  for (unsigned w = 0; w < words; w++) KEEL_SLAB_BITS(s, w) = ~(uint64_t)0;
-  if (k->count % 64) KEEL_SLAB_BITS(s, words - 1) = ((uint64_t)1 << (k->count % 64)) - 1;
+  s->ready = 0; /* bitmap words are written as takes reach them (slab_bits) */
   _keel_central[cls].slabs++;
   __atomic_add_fetch(&slab_units, k->units, __ATOMIC_RELAXED);
   return s;
@@ -97,6 +95,13 @@ static int free_group(uint64_t bits, uint32_t size) {
   return m ? __builtin_ctzll(m) : -1;
 }
 
+/* Word w of slab s's bitmap for writing: the words before it that were never written
+ * are written first, as wholly free (keel_slab_word), so s->ready stays a prefix. */
+static uint64_t* slab_bits(keel_slab_t* s, const keel_class_t* k, unsigned w) {
+  for (; s->ready <= w; s->ready++) KEEL_SLAB_BITS(s, s->ready) = keel_slab_word(s, k->count, s->ready);
+  return &KEEL_SLAB_BITS(s, w);
+}
+
 /* Appends block `index` of the slab at base to the list being built at *tail. */
 static void link_block(char* base, size_t index, uint32_t size, void*** tail) {
   void** obj = (void**)(base + index * size);
@@ -109,11 +114,12 @@ static uint32_t slab_take_alone(keel_slab_t* s, const keel_class_t* k, uint32_t 
   char* base = (char*)slab_base(keel_chunk_of(s), s);
   unsigned words = (k->count + 63) / 64;
   for (unsigned w = s->scan; w < words; w++) {
-    int b = free_group(KEEL_SLAB_BITS(s, w), k->size);
+    uint64_t* bits = slab_bits(s, k, w);
+    int b = free_group(*bits, k->size);
     if (b < 0) continue;
     for (uint32_t i = 0; i < want; i++) {
       link_block(base, (size_t)w * 64 + (unsigned)b + i, k->size, tail);
-      KEEL_SLAB_BITS(s, w) &= ~((uint64_t)1 << (b + (int)i));
+      *bits &= ~((uint64_t)1 << (b + (int)i));
     }
     s->used += want;
     return want;
@@ -132,17 +138,18 @@ static uint32_t slab_take(keel_slab_t* s, unsigned cls, uint32_t want, void*** t
   uint32_t got = 0;
   unsigned w = s->scan;
   for (; w < words && got < want; w++) {
-    uint64_t bits = KEEL_SLAB_BITS(s, w);
+    uint64_t* word = slab_bits(s, k, w);
+    uint64_t bits = *word;
     while (bits && got < want) {
       unsigned b = (unsigned)__builtin_ctzll(bits);
       bits &= bits - 1;
       link_block(base, (size_t)w * 64 + b, k->size, tail);
       got++;
     }
-    KEEL_SLAB_BITS(s, w) = bits;
+    *word = bits;
     if (bits) break;
   }
-  s->scan = w;
+  s->scan = (uint16_t)w;
   s->used += got;
   return got;
 }
@@ -238,12 +245,12 @@ void* _keel_block_start(unsigned cls, const void* p, bool* exact) {
 }
 
 /* True if blocks first..last of slab s are all free (a word of the bitmap at a time). */
-static bool blocks_free(const keel_slab_t* s, size_t first, size_t last) {
+static bool blocks_free(const keel_slab_t* s, uint32_t count, size_t first, size_t last) {
   for (size_t w = first / 64; w <= last / 64; w++) {
     uint64_t want = ~(uint64_t)0;
     if (w == first / 64) want &= ~(uint64_t)0 << (first % 64);
     if (w == last / 64 && last % 64 != 63) want &= ((uint64_t)1 << (last % 64 + 1)) - 1;
-    if ((KEEL_SLAB_BITS(s, w) & want) != want) return false;
+    if ((keel_slab_word(s, count, (unsigned)w) & want) != want) return false;
   }
   return true;
 }
@@ -263,7 +270,7 @@ static uint32_t cold_ticks;
 static bool page_free(const keel_slab_t* s, const keel_class_t* k, size_t off) {
   size_t first = off / k->size, last = (off + _keel_page_size - 1) / k->size;
   if (first >= k->count) return true;
-  return blocks_free(s, first, last < k->count ? last : k->count - 1);
+  return blocks_free(s, k->count, first, last < k->count ? last : k->count - 1);
 }
 
 /* Purges bytes [from, from + len) of slab s, if any. */
@@ -300,8 +307,9 @@ static void slab_put(keel_central_t* cl, unsigned cls, void* p) {
     keel_unlock(&cl->lock);
     _keel_misuse("free", "invalid pointer", p, ": not the start of a block", k->size);
   }
+  /* A block in a word never written was never handed out: reported as free. */
   uint64_t bit = (uint64_t)1 << (idx % 64);
-  if (KEEL_SLAB_BITS(s, idx / 64) & bit) {
+  if (keel_slab_word(s, k->count, (unsigned)(idx / 64)) & bit) {
     keel_unlock(&cl->lock);
     _keel_misuse("free", "double free of pointer", p, NULL, k->size);
   }
@@ -309,7 +317,7 @@ static void slab_put(keel_central_t* cl, unsigned cls, void* p) {
   s->needs_trim = 1;
   uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
   s->put_tick = now;
-  if ((uint32_t)(idx / 64) < s->scan) s->scan = (uint32_t)(idx / 64);
+  if ((uint32_t)(idx / 64) < s->scan) s->scan = (uint16_t)(idx / 64);
   s->used--;
   cl->out--;
   uint32_t cold = __atomic_load_n(&cold_ticks, __ATOMIC_RELAXED);
@@ -356,7 +364,7 @@ bool _keel_central_is_free(unsigned cls, void* p) {
   bool is_free = false;
   if (s->state == KEEL_UNIT_SLAB && s->cls == cls) {
     long idx = block_index(cls, s, p);
-    if (idx >= 0) is_free = (KEEL_SLAB_BITS(s, idx / 64) >> (idx % 64)) & 1;
+    if (idx >= 0) is_free = (keel_slab_word(s, _keel_classes[cls].count, (unsigned)(idx / 64)) >> (idx % 64)) & 1;
   }
   for (uint32_t b = 0; b < cl->nbatches && !is_free; b++)
     for (void* q = cl->batches[b]; q != NULL && !is_free; q = *(void**)q) is_free = (q == p);

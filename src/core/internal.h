@@ -148,7 +148,8 @@ typedef struct keel_slab_s {
   uint8_t needs_trim; /* slab: blocks came back since its free pages were last purged */
   uint8_t meshed;    /* slab: some of its pages may be mesh views (mesh.c) */
   uint32_t used;     /* slab: blocks out of the slab (live or in a cache) */
-  uint32_t scan;     /* slab: first bitmap word that may have a free bit */
+  uint16_t scan;     /* slab: first bitmap word that may have a free bit */
+  uint16_t ready;    /* slab: bitmap words written so far; the rest are wholly free */
   uint32_t put_tick; /* slab: purger tick when a block last came back */
   uint32_t busy_trim_tick; /* slab: first tick it may be trimmed while blocks come back */
   uint64_t size;     /* large: usable size; free head: ms timestamp when freed */
@@ -198,6 +199,13 @@ static inline keel_slab_t* keel_span_head(keel_chunk_t* c, unsigned unit) {
 #define KEEL_SLAB_BITS(s, w)                                              \
   (*((w) == 0 ? &keel_chunk_of(s)->free_first[(s) - keel_chunk_of(s)->units] \
               : &keel_chunk_of(s)->free_rest[(s) - keel_chunk_of(s)->units - 1][(w) - 1]))
+/* Word w of slab s's bitmap as it stands: words from s->ready on were never written
+ * (a slab writes its bitmap a word at a time as takes reach it, so a slab that hands out
+ * a few blocks touches no page of the chunk header's bitmap rows) and are wholly free. */
+static inline uint64_t keel_slab_word(const keel_slab_t* s, uint32_t count, unsigned w) {
+  if (w < s->ready) return KEEL_SLAB_BITS(s, w);
+  return (w + 1) * 64 <= count ? ~(uint64_t)0 : ((uint64_t)1 << (count % 64)) - 1;
+}
 /* The class of a block whose unit is tagged kind if it lies in a sampled slab, else 0. The
  * slab's class is written before its units are tagged and never changes while they are. */
 static inline unsigned keel_sampled_class(const void* p, uint8_t kind) {

@@ -278,7 +278,7 @@ bool _keel_mesh_leave(void* addr, size_t len) {
 /* ---- the operation ----------------------------------------------------------------- */
 
 static inline bool block_free(const keel_slab_t* s, uint32_t i) {
-  return (KEEL_SLAB_BITS(s, i / 64) >> (i % 64)) & 1;
+  return (keel_slab_word(s, _keel_classes[s->cls].count, i / 64) >> (i % 64)) & 1;
 }
 
 /* Mesh lock held. Pages of the same index in slabs of class cls: those whose blocks in

@@ -190,7 +190,7 @@ static uint32_t copy_bitmaps(unsigned cls, scratch_t* s, size_t reserve_per_slab
       uint64_t* dst = (uint64_t*)s->base;
       uintptr_t* base = (uintptr_t*)s->base + (size_t)n * words;
       for (keel_slab_t* sl = cl->partial; sl != NULL; sl = sl->next, dst += words) {
-        for (unsigned w = 0; w < words; w++) dst[w] = KEEL_SLAB_BITS(sl, w);
+        for (unsigned w = 0; w < words; w++) dst[w] = keel_slab_word(sl, _keel_classes[cls].count, w);
         keel_chunk_t* c = keel_chunk_of(sl);
         *base++ = (uintptr_t)keel_unit_addr(c, (unsigned)(sl - c->units));
       }

@@ -15,11 +15,12 @@ static void verify_slab(keel_chunk_t* c, unsigned k, keel_slab_t* s, uint64_t* u
   VERIFY(s->units == kc->units);
   uint32_t free_blocks = 0;
   unsigned words = (kc->count + 63) / 64;
+  VERIFY(s->ready <= words && s->scan <= s->ready);
   for (unsigned w = 0; w < words; w++) {
-    free_blocks += (uint32_t)__builtin_popcountll(KEEL_SLAB_BITS(s, w));
-    if (w < s->scan) VERIFY(KEEL_SLAB_BITS(s, w) == 0);
+    free_blocks += (uint32_t)__builtin_popcountll(keel_slab_word(s, kc->count, w));
+    if (w < s->scan) VERIFY(keel_slab_word(s, kc->count, w) == 0);
   }
-  if (kc->count % 64) VERIFY((KEEL_SLAB_BITS(s, words - 1) >> (kc->count % 64)) == 0);
+  if (kc->count % 64) VERIFY((keel_slab_word(s, kc->count, words - 1) >> (kc->count % 64)) == 0);
   VERIFY(free_blocks + s->used == kc->count);
   VERIFY(s->in_partial == (s->used < kc->count) || s->used == 0);
   for (unsigned u = 0; u < s->units; u++) {
