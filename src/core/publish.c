@@ -98,9 +98,18 @@ static void refresh(keel_published_t* p) {
 
 void _keel_publish_init(void) { born_ms = _keel_prim_clock_ms(); }
 
+static bool swept; /* inherited by forked children: one sweep per program, not per child */
+
 static void create(void) {
   __atomic_store_n(&tried, true, __ATOMIC_RELAXED);
   if (!_keel_options.publish) return;
+  /* Files of processes that ended without removing theirs (SIGKILL, _exit, a
+   * PostgreSQL immediate shutdown) would pile up in memory-backed /dev/shm: 1,308
+   * (8.7 MiB) on the test machine after a day of test runs. */
+  if (!swept) {
+    swept = true;
+    _keel_prim_publish_sweep("keel-");
+  }
   make_name();
   keel_published_t* p = (keel_published_t*)_keel_prim_publish_create(pub_name, sizeof *p);
   if (p == NULL) return;

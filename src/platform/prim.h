@@ -161,6 +161,10 @@ void _keel_prim_copy_file(const char* path, int fd);
 void* _keel_prim_publish_create(const char* name, size_t size);
 /* Removes the file (the mapping stays valid until unmapped). */
 void _keel_prim_publish_remove(const char* name);
+/* Removes the files named `prefix` + a process id whose process has ended and that
+ * belong to this process's user: a process killed by a signal or ended by _exit never
+ * removes its own. */
+void _keel_prim_publish_sweep(const char* prefix);
 
 /* -- shared pages and write barriers (meshing: docs/meshing.md, sections 6 and 9) ----- */
 /* A memory file that pages of several addresses can map. None of these allocate; all

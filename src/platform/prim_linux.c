@@ -498,6 +498,45 @@ void _keel_prim_publish_remove(const char* name) {
   errno = saved;
 }
 
+/* getdents64 straight into a stack buffer: opendir would allocate (it may run inside
+ * malloc's purger, which must not). A pid is taken as ended when kill(pid, 0) says no
+ * such process; a process in another pid namespace sharing this /dev/shm would look
+ * ended, hence the owner test (a container's user is rarely the host's). */
+void _keel_prim_publish_sweep(const char* prefix) {
+  int saved = errno;
+  int dir = open("/dev/shm", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return;
+  size_t plen = strlen(prefix);
+  char buf[4096] __attribute__((aligned(8)));
+  for (;;) {
+    long n = syscall(SYS_getdents64, dir, buf, sizeof buf);
+    if (n <= 0) break;
+    for (long off = 0; off < n;) {
+      struct {
+        uint64_t ino;
+        int64_t off;
+        unsigned short reclen;
+        unsigned char type;
+        char name[];
+      }* d = (void*)(buf + off);
+      off += d->reclen;
+      if (strncmp(d->name, prefix, plen) != 0 || d->name[plen] == 0) continue;
+      uint64_t pid = 0;
+      const char* c = d->name + plen;
+      for (; *c >= '0' && *c <= '9' && pid < (1u << 30); c++) pid = pid * 10 + (uint64_t)(*c - '0');
+      if (*c != 0 || pid == 0 || pid >= (1u << 30)) continue;
+      if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+      struct stat st;
+      if (fstatat(dir, d->name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != geteuid() ||
+          !S_ISREG(st.st_mode))
+        continue;
+      unlinkat(dir, d->name, 0);
+    }
+  }
+  close(dir);
+  errno = saved;
+}
+
 /* -- stacks and files ------------------------------------------------------------------ */
 
 typedef struct {

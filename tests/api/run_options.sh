@@ -41,8 +41,20 @@ run env KEEL_PURGE_DELAY=300 KEEL_THP=never KEEL_PROFILE_RATE=lots
 expect_lines "env: bad KEEL_PROFILE_RATE" 1 '^keel: .*ignoring bad value \(want a size like 512K, 4M\) of KEEL_PROFILE_RATE$'
 expect_lines "env: nothing else" 3 '^keel:'
 
+# The api run publishes its statistics file, and before that sweeps the files of ended
+# processes of this user: one for a process that has just ended must go, one for a
+# live process (this shell) must stay.
+true &
+dead=$!
+wait $dead
+stale=/dev/shm/keel-$dead live=/dev/shm/keel-$$
+: >"$stale"
+: >"$live"
+trap 'rm -f "$err" "$stale" "$live"' EXIT
 run api
 expect_lines "api: warnings only from keel_conf" 2 '^keel:'
+if [[ -e $stale ]]; then echo "FAIL: $stale (an ended process's file) was not swept"; fail=1; fi
+if [[ ! -e $live ]]; then echo "FAIL: $live (a live process's file) was swept"; fail=1; fi
 
 ((fail == 0)) && echo "run_options: all modes passed"
 exit $fail

@@ -54,10 +54,22 @@ static uint64_t purged(void) {
   return s.purged_bytes;
 }
 
+/* The statistics file exists and is the one this process mapped: a file left under
+ * this pid by an ended process (killed, or ended by _exit) must not count. */
 static int published(void) {
-  char path[64];
-  snprintf(path, sizeof path, "/dev/shm/keel-%d", (int)getpid());
-  return access(path, F_OK) == 0;
+  char path[64], line[512];
+  snprintf(path, sizeof path, "/dev/shm/keel-%d\n", (int)getpid());
+  FILE* maps = fopen("/proc/self/maps", "r");
+  CHECK(maps != NULL);
+  int mapped = 0;
+  size_t plen = strlen(path);
+  while (!mapped && fgets(line, sizeof line, maps) != NULL) {
+    size_t n = strlen(line);
+    mapped = n >= plen && strcmp(line + n - plen, path) == 0;
+  }
+  fclose(maps);
+  path[plen - 1] = 0;
+  return mapped && access(path, F_OK) == 0;
 }
 
 static int wait_for(int (*pred)(void), int want, int ms) {
