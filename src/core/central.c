@@ -20,18 +20,21 @@ static keel_slab_t** partial_list(keel_central_t* cl, keel_slab_t* s) {
   return s->sampled ? &cl->sampled_partial : &cl->partial;
 }
 
+/* The list heads and nbatches are written under the class lock but also read without
+ * it (_keel_central_has_free, the decay's skip test): relaxed atomic stores, so those
+ * reads see a whole value (and the code is race-free as C11 and TSan define it). */
 static void partial_push(keel_central_t* cl, keel_slab_t* s) {
   keel_slab_t** list = partial_list(cl, s);
   s->prev = NULL;
   s->next = *list;
   if (s->next) s->next->prev = s;
-  *list = s;
+  __atomic_store_n(list, s, __ATOMIC_RELAXED);
   s->in_partial = 1;
 }
 
 static void partial_remove(keel_central_t* cl, keel_slab_t* s) {
   if (s->prev) s->prev->next = s->next;
-  else *partial_list(cl, s) = s->next;
+  else __atomic_store_n(partial_list(cl, s), s->next, __ATOMIC_RELAXED);
   if (s->next) s->next->prev = s->prev;
   s->next = s->prev = NULL;
   s->in_partial = 0;
@@ -164,7 +167,8 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
      * surplus into its slabs is not cold, and purging what the spills free would make
      * the next refill fault the pages back in. */
     cl->touched = cl->take_tick = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
-    void* list = cl->batches[--cl->nbatches];
+    __atomic_store_n(&cl->nbatches, cl->nbatches - 1, __ATOMIC_RELAXED);
+    void* list = cl->batches[cl->nbatches];
     keel_unlock(&cl->lock);
     *got = k->batch;
     return list;
@@ -345,7 +349,8 @@ void _keel_central_give(unsigned cls, void* list, uint32_t n) {
   keel_lock(&cl->lock);
   if (n == k->batch && cl->nbatches < k->transfer_max) {
     cl->touched = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
-    cl->batches[cl->nbatches++] = list;
+    cl->batches[cl->nbatches] = list;
+    __atomic_store_n(&cl->nbatches, cl->nbatches + 1, __ATOMIC_RELAXED);
     keel_unlock(&cl->lock);
     return;
   }
@@ -375,7 +380,8 @@ bool _keel_central_is_free(unsigned cls, void* p) {
 /* Lock held: the transfer cache's batches go back to their slabs. */
 static void drain_transfer(keel_central_t* cl, unsigned cls) {
   while (cl->nbatches > 0) {
-    void* list = cl->batches[--cl->nbatches];
+    __atomic_store_n(&cl->nbatches, cl->nbatches - 1, __ATOMIC_RELAXED);
+    void* list = cl->batches[cl->nbatches];
     while (list != NULL) {
       void* next = *(void**)list;
       slab_put(cl, cls, list);
@@ -450,7 +456,10 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
   bool trim = _keel_thp_purge_granule() <= _keel_page_size;
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     keel_central_t* cl = &_keel_central[cls];
-    if (cl->nbatches == 0 && cl->partial == NULL && cl->sampled_partial == NULL) continue;
+    if (__atomic_load_n(&cl->nbatches, __ATOMIC_RELAXED) == 0 &&
+        __atomic_load_n(&cl->partial, __ATOMIC_RELAXED) == NULL &&
+        __atomic_load_n(&cl->sampled_partial, __ATOMIC_RELAXED) == NULL)
+      continue;
     keel_lock(&cl->lock);
     if (cl->nbatches > 0 && now - cl->touched >= idle_ticks) drain_transfer(cl, cls);
     /* A slab is trimmed once no block has come back to it for idle_ticks; in a cold
