@@ -507,7 +507,7 @@ void _keel_prim_publish_sweep(const char* prefix) {
   int dir = open("/dev/shm", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir < 0) return;
   size_t plen = strlen(prefix);
-  char buf[4096] __attribute__((aligned(8)));
+  char buf[1024] __attribute__((aligned(8))); /* small: it is on the purger's stack */
   for (;;) {
     long n = syscall(SYS_getdents64, dir, buf, sizeof buf);
     if (n <= 0) break;
