@@ -66,9 +66,11 @@ static char pub_name[32];
 static uint64_t born_ms;  /* process start, or the fork that made this child */
 static bool tried;        /* creation was attempted (do not retry every tick) */
 
+#define PUB_PREFIX "keel-" /* + the pid: the file's name, and what the sweep looks for */
+
 static void make_name(void) {
   keel_buf_t b = {pub_name, 0, sizeof pub_name};
-  _keel_buf_str(&b, "keel-");
+  _keel_buf_str(&b, PUB_PREFIX);
   _keel_buf_u64(&b, (uint64_t)_keel_prim_getpid());
 }
 
@@ -108,7 +110,7 @@ static void create(void) {
    * (8.7 MiB) on the test machine after a day of test runs. */
   if (!swept) {
     swept = true;
-    _keel_prim_publish_sweep("keel-");
+    _keel_prim_publish_sweep(PUB_PREFIX);
   }
   make_name();
   keel_published_t* p = (keel_published_t*)_keel_prim_publish_create(pub_name, sizeof *p);

@@ -460,10 +460,11 @@ bool _keel_prim_fault_handler_install(void (*on_fault)(void* addr)) {
 
 /* -- publishing ------------------------------------------------------------------------ */
 
+static const char SHM_DIR[] = "/dev/shm/"; /* where published files live */
+
 static void shm_path(char* out, size_t cap, const char* name) {
-  const char* dir = "/dev/shm/";
   size_t n = 0;
-  for (const char* s = dir; *s && n + 1 < cap; s++) out[n++] = *s;
+  for (const char* s = SHM_DIR; *s && n + 1 < cap; s++) out[n++] = *s;
   for (const char* s = name; *s && n + 1 < cap; s++) out[n++] = *s;
   out[n] = 0;
 }
@@ -504,7 +505,7 @@ void _keel_prim_publish_remove(const char* name) {
  * ended, hence the owner test (a container's user is rarely the host's). */
 void _keel_prim_publish_sweep(const char* prefix) {
   int saved = errno;
-  int dir = open("/dev/shm", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int dir = open(SHM_DIR, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir < 0) return;
   size_t plen = strlen(prefix);
   char buf[1024] __attribute__((aligned(8))); /* small: it is on the purger's stack */
