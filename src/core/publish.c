@@ -74,7 +74,7 @@ static void make_name(void) {
   _keel_buf_u64(&b, (uint64_t)_keel_prim_getpid());
 }
 
-static void refresh(keel_published_t* p) {
+static KEEL_COLD void refresh(keel_published_t* p) {
   keel_stats_t s;
   _keel_stats_collect(&s);
   keel_class_stats_t cs[KEEL_NUM_CLASSES - 1];
@@ -156,6 +156,51 @@ void _keel_publish_exit(void) {
   if (pub != NULL) _keel_prim_publish_remove(pub_name);
 }
 
+/* The answers to requests are functions of their own, kept out of line: their buffers
+ * (the mesh rows alone are 5 KiB) would otherwise sit in the tick's frame, and every
+ * call the tick makes would write a return address below them - two stack pages of
+ * the purger's, resident in every process, for requests that almost never come. Cold:
+ * with the other rarely run code, outside the first window of text (src/hot_text.ld). */
+static KEEL_COLD void answer_purge(keel_published_t* p, uint64_t purge) {
+  _keel_central_drain_all();
+  p->purged_on_request = _keel_pageheap_purge(true) + _keel_huge_purge(true);
+  refresh(p);
+  __atomic_store_n(&p->purge_answered, purge, __ATOMIC_RELEASE);
+}
+
+static KEEL_COLD void answer_profile(keel_published_t* p, uint64_t prof) {
+  char path[sizeof p->profile_path];
+  keel_buf_t b = {path, 0, sizeof path};
+  path[0] = 0;
+  if (_keel_profiling) {
+    _keel_buf_str(&b, _keel_options.profile_prefix);
+    _keel_buf_str(&b, ".");
+    _keel_buf_u64(&b, (uint64_t)_keel_prim_getpid());
+    _keel_buf_str(&b, ".req");
+    _keel_buf_u64(&b, prof);
+    _keel_buf_str(&b, ".heap");
+    if (!_keel_profile_dump_to(path)) path[0] = 0;
+  }
+  memcpy(p->profile_path, path, sizeof path);
+  __atomic_store_n(&p->profile_answered, prof, __ATOMIC_RELEASE);
+}
+
+static KEEL_COLD void answer_mesh(keel_published_t* p, uint64_t mesh) {
+  keel_mesh_estimate_t rows[MESH_ROWS];
+  size_t n = keel_mesh_estimate(rows, MESH_ROWS);
+  __atomic_fetch_add(&p->seq, 1, __ATOMIC_ACQ_REL);
+  memcpy(p->mesh, rows, n * sizeof rows[0]);
+  p->nmesh = (uint32_t)n;
+  __atomic_fetch_add(&p->seq, 1, __ATOMIC_RELEASE);
+  refresh(p);
+  __atomic_store_n(&p->mesh_answered, mesh, __ATOMIC_RELEASE);
+}
+
+static KEEL_COLD void answer_stats(keel_published_t* p, uint64_t req) {
+  refresh(p);
+  __atomic_store_n(&p->answered, req, __ATOMIC_RELEASE);
+}
+
 /* Called by the purger on every tick. */
 void _keel_publish_tick(void) {
   if (__atomic_load_n(&pub, __ATOMIC_ACQUIRE) == NULL && !__atomic_load_n(&tried, __ATOMIC_RELAXED) &&
@@ -164,43 +209,11 @@ void _keel_publish_tick(void) {
   keel_published_t* p = __atomic_load_n(&pub, __ATOMIC_ACQUIRE);
   if (p == NULL) return;
   uint64_t purge = __atomic_load_n(&p->purge_request, __ATOMIC_ACQUIRE);
-  if (purge != __atomic_load_n(&p->purge_answered, __ATOMIC_RELAXED)) {
-    _keel_central_drain_all();
-    p->purged_on_request = _keel_pageheap_purge(true) + _keel_huge_purge(true);
-    refresh(p);
-    __atomic_store_n(&p->purge_answered, purge, __ATOMIC_RELEASE);
-  }
+  if (purge != __atomic_load_n(&p->purge_answered, __ATOMIC_RELAXED)) answer_purge(p, purge);
   uint64_t prof = __atomic_load_n(&p->profile_request, __ATOMIC_ACQUIRE);
-  if (prof != __atomic_load_n(&p->profile_answered, __ATOMIC_RELAXED)) {
-    char path[sizeof p->profile_path];
-    keel_buf_t b = {path, 0, sizeof path};
-    path[0] = 0;
-    if (_keel_profiling) {
-      _keel_buf_str(&b, _keel_options.profile_prefix);
-      _keel_buf_str(&b, ".");
-      _keel_buf_u64(&b, (uint64_t)_keel_prim_getpid());
-      _keel_buf_str(&b, ".req");
-      _keel_buf_u64(&b, prof);
-      _keel_buf_str(&b, ".heap");
-      if (!_keel_profile_dump_to(path)) path[0] = 0;
-    }
-    memcpy(p->profile_path, path, sizeof path);
-    __atomic_store_n(&p->profile_answered, prof, __ATOMIC_RELEASE);
-  }
+  if (prof != __atomic_load_n(&p->profile_answered, __ATOMIC_RELAXED)) answer_profile(p, prof);
   uint64_t mesh = __atomic_load_n(&p->mesh_request, __ATOMIC_ACQUIRE);
-  if (mesh != __atomic_load_n(&p->mesh_answered, __ATOMIC_RELAXED)) {
-    keel_mesh_estimate_t rows[MESH_ROWS];
-    size_t n = keel_mesh_estimate(rows, MESH_ROWS);
-    __atomic_fetch_add(&p->seq, 1, __ATOMIC_ACQ_REL);
-    memcpy(p->mesh, rows, n * sizeof rows[0]);
-    p->nmesh = (uint32_t)n;
-    __atomic_fetch_add(&p->seq, 1, __ATOMIC_RELEASE);
-    refresh(p);
-    __atomic_store_n(&p->mesh_answered, mesh, __ATOMIC_RELEASE);
-  }
+  if (mesh != __atomic_load_n(&p->mesh_answered, __ATOMIC_RELAXED)) answer_mesh(p, mesh);
   uint64_t req = __atomic_load_n(&p->request, __ATOMIC_ACQUIRE);
-  if (req != __atomic_load_n(&p->answered, __ATOMIC_RELAXED)) {
-    refresh(p);
-    __atomic_store_n(&p->answered, req, __ATOMIC_RELEASE);
-  }
+  if (req != __atomic_load_n(&p->answered, __ATOMIC_RELAXED)) answer_stats(p, req);
 }
