@@ -20,6 +20,18 @@ rss_of() {
     on && $1 == "Rss:" { s += $2 }
     END { print s + 0 }' "/proc/$1/smaps"
 }
+# Rss (KiB) of the read-only mappings of file $2 in process $1 past its first segment
+# that hold only file pages: the unwind tables (.eh_frame), which an idle process never
+# reads (the relocated, read-only-after-start data holds anonymous pages and is left out).
+unwind_rss_of() {
+  awk -v f="$2" '
+    /^[0-9a-f]+-[0-9a-f]+ / { if (on && rss > 0 && anon == 0) s += rss
+                              on = (index($0, f) > 0 && $2 == "r--p" && $3 != "00000000")
+                              rss = 0; anon = 0 }
+    on && $1 == "Rss:" { rss = $2 }
+    on && $1 == "Anonymous:" { anon = $2 }
+    END { if (on && rss > 0 && anon == 0) s += rss; print s + 0 }' "/proc/$1/smaps"
+}
 status_kib() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status"; }
 
 # A process under the preload, looked at once its purger has published its statistics
@@ -43,7 +55,8 @@ run_idle() { # run_idle <label> [env...]
   fi
   sleep 0.5
   R=("$(status_kib "$pid" VmRSS)" "$(status_kib "$pid" RssAnon)"
-     "$(rss_of "$pid" "$OV_LIB" 'x')" "$(rss_of "$pid" "$OV_LIB" '.')")
+     "$(rss_of "$pid" "$OV_LIB" 'x')" "$(rss_of "$pid" "$OV_LIB" '.')"
+     "$(unwind_rss_of "$pid" "$OV_LIB")")
   ov_stop "$pid" 5
   OV_PIDS=()
 }
@@ -54,7 +67,7 @@ window_kib=$((page_kib > 64 ? page_kib : 64))
 run_idle glibc -u LD_PRELOAD
 g_rss=${R[0]} g_anon=${R[1]}
 run_idle keel LD_PRELOAD="$OV_LIB"
-k_rss=${R[0]} k_anon=${R[1]} k_text=${R[2]} k_file=${R[3]}
+k_rss=${R[0]} k_anon=${R[1]} k_text=${R[2]} k_file=${R[3]} k_unwind=${R[4]}
 ov_log "sleep under glibc: VmRSS $g_rss KiB, RssAnon $g_anon KiB"
 ov_log "sleep under Keel:  VmRSS $k_rss KiB, RssAnon $k_anon KiB; libkeel's file pages" \
   "$k_file KiB, of them code $k_text KiB"
@@ -65,6 +78,10 @@ ov_log "sleep under Keel:  VmRSS $k_rss KiB, RssAnon $k_anon KiB; libkeel's file
     "$window_kib KiB fault-around window: code every process runs has left the first" \
     "window of .text (src/hot_text.ld), or .text outgrew it"
 ov_log "ok: libkeel's resident code in an idle process is one window ($k_text <= $window_kib KiB)"
+((k_unwind == 0)) ||
+  ov_fail "libkeel's unwind tables resident in an idle process ($k_unwind KiB): start-up" \
+    "read something in their segment - read-only data left the first segment (src/hot_text.ld)?"
+ov_log "ok: libkeel's unwind tables are not resident in an idle process"
 
 # The same for a process that has worked: threads churning a million small objects, every
 # Python object through malloc (the
