@@ -182,6 +182,25 @@ def test_bench_threads_and_a_broken_suite(tmp_path):
     assert runs[0]["result"]["metrics"]["rss_per_thread_kib"] == pts[-1]["rss_per_thread_kib"]
 
 
+def test_bench_threads_blocks(tmp_path):
+    """blocks sets what each thread allocates: with 24 blocks (about 14 KiB live, written)
+    a parked thread costs more than with none, by at least 8 KiB; 25 is refused."""
+    per = {}
+    for blocks in (0, 24):
+        out = tmp_path / f"b{blocks}.json"
+        r = keel("bench", "threads", "--set", "threads.counts=64", "--set",
+                 f"threads.blocks={blocks}", "--allocators", "glibc", "--rounds", "1",
+                 "--out", str(out), timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        res = load(out)["suites"]["threads"]["runs"][0]["result"]
+        assert res["params"]["blocks"] == blocks
+        per[blocks] = res["metrics"]["rss_per_thread_kib"]
+    assert per[0] > 0 and per[24] - per[0] >= 8, per
+    r = keel("bench", "threads", "--set", "threads.blocks=25", "--allocators", "glibc",
+             "--out", str(tmp_path / "bad.json"))
+    assert r.returncode != 0 and "blocks must be 0-24" in r.stdout + r.stderr
+
+
 def test_bench_bad_set_and_missing_allocator(tmp_path):
     r = keel("bench", "threads", "--set", "nodot=1", "--allocators", "glibc")
     assert r.returncode == 2 and "SUITE.KEY=VALUE" in r.stderr

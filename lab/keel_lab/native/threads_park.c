@@ -1,14 +1,15 @@
 /* threads_park -- how much memory does an allocator keep per thread?
  *
- * Usage: threads_park N [STACK_KIB]
+ * Usage: threads_park N [STACK_KIB [BLOCKS]]
  * Protocol on stdin/stdout (the lab's `threads` suite drives it and reads VmRSS from
  * /proc/PID/status at each step):
  *   1. main does the same small allocations a thread does (so the allocator and its
  *      first thread cache exist), prints "base", and waits for a line on stdin;
- *   2. on that line it starts N threads; each allocates a little (24 blocks of 16 B to
- *      4 KiB, written, a third of them freed again: what a connection thread of a
- *      server leaves behind) and parks on a condition variable; when all N are
- *      parked main prints "parked <nanoseconds it took>";
+ *   2. on that line it starts N threads; each allocates a little (BLOCKS blocks,
+ *      default 24, of 16 B to 4 KiB, written, a third of them freed again: what a
+ *      connection thread of a server leaves behind; 0: nothing, which measures what
+ *      a thread costs before its allocator does anything for it) and parks on a
+ *      condition variable; when all N are parked main prints "parked <nanoseconds>";
  *   3. on the next line (or EOF) the threads are released, free what they hold and
  *      exit; main joins them and prints "done checksum=<hex>".
  * Threads get STACK_KIB of stack (default 256, about what database servers use:
@@ -25,7 +26,8 @@
 #include <string.h>
 #include <time.h>
 
-#define BLOCKS 24
+#define BLOCKS 24 /* the most, and the default */
+static int nblocks = BLOCKS;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t parked_cv = PTHREAD_COND_INITIALIZER;
@@ -38,7 +40,8 @@ static size_t block_size(long id, int i) { return (size_t)16 << ((id + 1 + i) % 
 
 static uint64_t work(long id, void** keep) {
   uint64_t sum = 0;
-  for (int i = 0; i < BLOCKS; i++) {
+  for (int i = 0; i < BLOCKS; i++) keep[i] = NULL;
+  for (int i = 0; i < nblocks; i++) {
     size_t n = block_size(id, i);
     unsigned char* p = malloc(n);
     if (!p) {
@@ -49,7 +52,7 @@ static uint64_t work(long id, void** keep) {
     sum += p[n - 1] + n;
     keep[i] = p;
   }
-  for (int i = 0; i < BLOCKS; i += 3) { /* free a third: they stay in the thread's cache */
+  for (int i = 0; i < nblocks; i += 3) { /* free a third: they stay in the thread's cache */
     free(keep[i]);
     keep[i] = NULL;
   }
@@ -83,15 +86,17 @@ static uint64_t now_ns(void) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: %s N [STACK_KIB]\n", argv[0]);
+    fprintf(stderr, "usage: %s N [STACK_KIB [BLOCKS]]\n", argv[0]);
     return 1;
   }
   long n = strtol(argv[1], NULL, 10);
   long stack_kib = argc > 2 ? strtol(argv[2], NULL, 10) : 256;
-  if (n < 0 || n > 1000000 || stack_kib < 64) {
+  long blocks = argc > 3 ? strtol(argv[3], NULL, 10) : BLOCKS;
+  if (n < 0 || n > 1000000 || stack_kib < 64 || blocks < 0 || blocks > BLOCKS) {
     fprintf(stderr, "threads_park: bad arguments\n");
     return 1;
   }
+  nblocks = (int)blocks;
   void* mine[BLOCKS];
   uint64_t base_sum = work(-1, mine);
   printf("base\n");

@@ -3,19 +3,24 @@
 For each N in 1, 4, 16, 64, 256, 1024, 4096 (quick: up to 1024) a fresh process
 (native/threads_park.c, compiled with cc on first use into ~/.cache/keel-lab) first
 makes the same small allocations in main and reports its baseline RSS; then N threads
-each allocate a little (24 blocks of 16 B - 4 KiB, a third freed again) and park. With
-all N parked, VmRSS is read from /proc/PID/status:
+each allocate a little (24 blocks of 16 B - 4 KiB, about 14 KiB left live after a
+third is freed again; BLOCKS option) and park. With all N parked, VmRSS is read from
+/proc/PID/status:
 
     RSS per thread = (RSS with N parked - baseline RSS) / N
 
 It includes each thread's touched stack pages and kernel-visible thread overhead,
 which are the same under every allocator; the differences are the allocator's
-per-thread caches and arenas. Threads get 256 KiB stacks (STACK_KIB option).
+per-thread caches and arenas. Threads get 256 KiB stacks (STACK_KIB option). With
+blocks=0 the threads allocate nothing themselves (glibc's thread start still calls
+calloc): the floor a thread costs; blocks=1 is one block per thread (16 B to 4 KiB by
+thread, 900 B on average, a third of the threads freeing theirs again).
 
 Metrics: "rss_per_thread_kib" (at the largest N), "rss_peak_kib" (RSS with the largest
 N parked), "start_ms" (time for the largest N to start, allocate and park), and per N
 "n<N>.rss_per_thread_kib"; "points" has the whole sweep (x = threads).
-Options: counts=1,16,256  stack_kib=256  settle_ms=150 (wait before reading RSS).
+Options: counts=1,16,256  stack_kib=256  blocks=24 (0-24)  settle_ms=150 (wait before
+reading RSS).
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ from .base import Suite, SuiteContext, SuiteError
 
 COUNTS = (1, 4, 16, 64, 256, 1024, 4096)
 QUICK_MAX = 1024
+BLOCKS = 24  # threads_park.c's BLOCKS: the default and the most
 SOURCE = NATIVE_DIR / "threads_park.c"
 
 
@@ -75,20 +81,32 @@ class ThreadsSuite(Suite):
             return counts
         return [n for n in COUNTS if not ctx.quick or n <= QUICK_MAX]
 
+    def blocks(self, ctx: SuiteContext) -> int:
+        spec = ctx.options.get("blocks", BLOCKS)
+        try:
+            blocks = int(spec)
+        except (TypeError, ValueError):
+            raise SuiteError(f"threads: bad blocks {spec!r} (want 0-{BLOCKS})") from None
+        if not 0 <= blocks <= BLOCKS:
+            raise SuiteError(f"threads: blocks must be 0-{BLOCKS}, not {blocks}")
+        return blocks
+
     def check(self, ctx: SuiteContext) -> None:
         self.counts(ctx)
+        self.blocks(ctx)
         build_threads_park()
 
     def run(self, ctx: SuiteContext) -> dict:
         exe = build_threads_park()
         counts = self.counts(ctx)
         stack_kib = int(ctx.options.get("stack_kib", 256))
+        blocks = self.blocks(ctx)
         settle = float(ctx.options.get("settle_ms", 150)) / 1000
         points, metrics, notes = [], {}, []
         for i, n in enumerate(counts):
             ctx.progress(f"{n} threads", i / len(counts))
             try:
-                pt = self._one(ctx, exe, n, stack_kib, settle)
+                pt = self._one(ctx, exe, n, stack_kib, blocks, settle)
             except _TooMany as e:
                 notes.append(f"stopped at {n} threads: {e}")
                 break
@@ -108,13 +126,14 @@ class ThreadsSuite(Suite):
             "points": points,
             "x_label": "threads",
             "headline": {"speed": "start_ms", "memory": "rss_per_thread_kib"},
-            "params": {"counts": counts, "stack_kib": stack_kib},
+            "params": {"counts": counts, "stack_kib": stack_kib, "blocks": blocks},
             "notes": notes,
         }
 
-    def _one(self, ctx: SuiteContext, exe: Path, n: int, stack_kib: int, settle: float) -> dict:
+    def _one(self, ctx: SuiteContext, exe: Path, n: int, stack_kib: int, blocks: int,
+             settle: float) -> dict:
         timeout = 30 + n / 50
-        p = subprocess.Popen([str(exe), str(n), str(stack_kib)], cwd=ctx.workdir,
+        p = subprocess.Popen([str(exe), str(n), str(stack_kib), str(blocks)], cwd=ctx.workdir,
                              env=ctx.allocator.env(), stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              start_new_session=True)
