@@ -30,7 +30,10 @@ static keel_lock_t map_lock = KEEL_LOCK_INIT;
 keel_lock_t* const _keel_lock_pagemap = &map_lock; /* statistics (stats.c) */
 static unsigned map_bits;          /* log2 of the map's size; 0 before it exists */
 static uintptr_t window_lo, window_len; /* reduced map only: the addresses it covers */
-static uint64_t slice_writable[(1u << (FULL_BITS - SLICE_BITS)) / 64];
+/* 32 KiB of which a process touches a word or two: with the rarely used data
+ * (src/hot_text.ld), so that it does not push the next file's variables onto a page
+ * of their own. */
+static uint64_t slice_writable[(1u << (FULL_BITS - SLICE_BITS)) / 64] KEEL_SPARSE_BSS;
 
 /* Map lock held. */
 static bool reserve(uintptr_t first) {
