@@ -619,6 +619,8 @@ void _keel_profile_forget(void* p) KEEL_INTERNAL;   /* a sampled block is freed 
 uint32_t _keel_profile_first_countdown(unsigned cls) KEEL_INTERNAL;
 /* Writes the profile (pprof legacy heap format) to path; returns false on error. */
 bool _keel_profile_dump_to(const char* path) KEEL_INTERNAL;
+/* Where a profile named tag goes: KEEL_PROFILE_PREFIX.<pid>.<tag>.heap, cut to cap bytes. */
+void _keel_profile_path(char* path, size_t cap, const char* tag) KEEL_INTERNAL;
 void _keel_profile_tick(void) KEEL_INTERNAL;   /* purger: growth-triggered dumps */
 void _keel_profile_at_exit(void) KEEL_INTERNAL;
 

@@ -275,16 +275,19 @@ bool _keel_profile_dump_to(const char* path) {
   return ok;
 }
 
-/* PREFIX.<pid>.<tag>.heap */
-static void dump_named(const char* tag) {
-  char path[256];
-  keel_buf_t b = {path, 0, sizeof path};
+void _keel_profile_path(char* path, size_t cap, const char* tag) {
+  keel_buf_t b = {path, 0, cap};
   _keel_buf_str(&b, _keel_options.profile_prefix);
   _keel_buf_str(&b, ".");
   _keel_buf_u64(&b, (uint64_t)_keel_prim_getpid());
   _keel_buf_str(&b, ".");
   _keel_buf_str(&b, tag);
   _keel_buf_str(&b, ".heap");
+}
+
+static void dump_named(const char* tag) {
+  char path[256];
+  _keel_profile_path(path, sizeof path, tag);
   if (!_keel_profile_dump_to(path)) _keel_warn("cannot write heap profile ", path);
 }
 

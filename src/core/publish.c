@@ -170,15 +170,13 @@ static KEEL_COLD void answer_purge(keel_published_t* p, uint64_t purge) {
 
 static KEEL_COLD void answer_profile(keel_published_t* p, uint64_t prof) {
   char path[sizeof p->profile_path];
-  keel_buf_t b = {path, 0, sizeof path};
   path[0] = 0;
   if (_keel_profiling) {
-    _keel_buf_str(&b, _keel_options.profile_prefix);
-    _keel_buf_str(&b, ".");
-    _keel_buf_u64(&b, (uint64_t)_keel_prim_getpid());
-    _keel_buf_str(&b, ".req");
-    _keel_buf_u64(&b, prof);
-    _keel_buf_str(&b, ".heap");
+    char tag[24]; /* req<n> */
+    keel_buf_t t = {tag, 0, sizeof tag};
+    _keel_buf_str(&t, "req");
+    _keel_buf_u64(&t, prof);
+    _keel_profile_path(path, sizeof path, tag);
     if (!_keel_profile_dump_to(path)) path[0] = 0;
   }
   memcpy(p->profile_path, path, sizeof path);
