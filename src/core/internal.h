@@ -25,9 +25,10 @@
  * profiler's countdown stage) though its file is mostly cold: the linker puts .text.hot
  * in libkeel's first code window (src/hot_text.ld). */
 #define KEEL_HOT __attribute__((hot))
-/* Zero-initialised data that is large and touched sparsely: laid out after the hot
- * data by src/hot_text.ld, where its untouched pages cost nothing and its neighbours
- * do not spill onto pages of their own. */
+/* Zero-initialised data that is large and touched sparsely: laid out last by
+ * src/hot_text.ld, where its untouched pages cost nothing and its neighbours do not
+ * spill onto pages of their own. (In a file whose whole .bss that script already moves
+ * with the cold files', it stays with them.) */
 #define KEEL_SPARSE_BSS __attribute__((section(".bss.keel_sparse")))
 #define KEEL_LIKELY(x) __builtin_expect(!!(x), 1)
 #define KEEL_UNLIKELY(x) __builtin_expect(!!(x), 0)
