@@ -72,7 +72,9 @@ def recommend(doc: dict) -> list[dict]:
                 if v:
                     verdicts[kind] = v
         out.append({"suite": name, "description": ss.description, "verdicts": verdicts,
-                    "errors": len(ss.errors), "problems": ss.problems})
+                    "errors": len(ss.errors), "problems": ss.problems,
+                    # counts to read, no throughput, memory or latency to rank by
+                    "diagnostic": not ss.headline and not ss.errors})
     return out
 
 
@@ -108,7 +110,9 @@ def render_text(doc: dict) -> str:
                      "still running)")
     for r in recs:
         lines.append(f"{r['suite']}: {r['description']}".rstrip(": "))
-        if not r["verdicts"]:
+        if not r["verdicts"] and r.get("diagnostic"):
+            lines.append("  nothing to rank: its metrics are diagnostic counts (see the summary table)")
+        elif not r["verdicts"]:
             lines.append("  no usable results" + (f" ({r['errors']} error(s))" if r["errors"] else ""))
         for kind, label in KINDS:
             v = r["verdicts"].get(kind)

@@ -346,7 +346,7 @@ class Server:
                  port: Optional[int] = None, extra_env: Optional[dict] = None,
                  startup_timeout: float = 60.0, stop_timeout: float = 30.0,
                  preexec: Optional[Callable[[], None]] = None, args: Sequence[str] = (),
-                 verify_preload: bool = True):
+                 verify_preload: bool = True, wrapper: Sequence[str] = ()):
         self.allocator = allocator or Allocator("glibc", None)
         self.requested_port = port
         self.port = 0
@@ -355,6 +355,9 @@ class Server:
         self.stop_timeout = stop_timeout
         self.preexec = preexec
         self.extra_args = list(args)
+        # a program the server runs under (valgrind ...): it must exec the server in the
+        # same process, so that pid, maps and the stop signal are still the server's
+        self.wrapper = list(wrapper)
         self.verify_preload = verify_preload
         self._own_dir = workdir is None
         self._given_dir = Path(workdir) if workdir else None
@@ -430,7 +433,7 @@ class Server:
         try:
             self.preload = self._choose_preload(binary)
             self._prepare()
-            argv = self._argv()
+            argv = [*self.wrapper, *self._argv()]
             self._log_fh = open(self.log_path, "ab")
             kw: dict = {}
             if self.run_as:

@@ -20,7 +20,7 @@ NOISY = 0.10            # spread above which a median is flagged as noisy
 
 _HIGHER = re.compile(r"(throughput|tps|qps|ops|per_s|_rate|hit)", re.I)
 _LOWER = re.compile(r"(_ms|_us|_ns|_s|_kib|_mib|_bytes|_pages|rss|frag|time|latency|faults|"
-                    r"overhead|_geomean)$|^(rss|frag|wall|cpu)", re.I)
+                    r"overhead|_geomean|_per_txn)$|^(rss|frag|wall|cpu)", re.I)
 # what meshing did (pages given back, views, views written since): counts to read, not
 # scores (mesh_pages would otherwise read as "pages, lower is better")
 _NEUTRAL = re.compile(r"^mesh_(pages|views|eroded)", re.I)

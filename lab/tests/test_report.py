@@ -193,3 +193,20 @@ def test_incomplete_results_are_marked(results_small, tmp_path):
     html = render(doc, charts=False)
     assert "INCOMPLETE" in html
     assert "incomplete" in render_text(doc)
+
+
+def test_diagnostic_suite_says_nothing_to_rank(results_small):
+    """A suite of counts only (mariadb-cachesim's instructions and misses per
+    transaction) is not 'no usable results': it has nothing a verdict is made of."""
+    doc = load(results_small)
+    for i, r in enumerate(doc["suites"]["micro"]["runs"]):
+        r["result"] = {"metrics": {"ir_per_txn": 2.3e6 + i, "ll_miss_per_txn": 5000.0 + i}}
+    recs = {r["suite"]: r for r in recommend(doc)}
+    assert recs["micro"]["verdicts"] == {} and recs["micro"]["diagnostic"]
+    text = render_text(doc)
+    assert "nothing to rank" in text
+    # a suite whose runs all failed still says so
+    for r in doc["suites"]["micro"]["runs"]:
+        r.update(ok=False, error="boom", result=None)
+    text = render_text(doc)
+    assert "no usable results" in text and "nothing to rank" not in text

@@ -337,6 +337,26 @@ def test_mariadb_pool_smoke(tmp_path, bench_lock):
     assert_nothing_left(rec.pids)
 
 
+@pytest.mark.skipif(not (have("mariadbd") and have("sysbench") and have("valgrind")),
+                    reason="sudo apt-get install mariadb-server sysbench valgrind")
+def test_mariadb_cachesim_smoke(tmp_path, bench_lock):
+    """mariadbd under callgrind: exactly the counted transactions, per-transaction counts
+    of a plausible size, the allocator's share found in its own library."""
+    from keel_lab.suites.mariadb import MariaDBCacheSim
+    rec = Recorder()
+    alloc = find("keel", BUILD) if (BUILD / "libkeel.so").is_file() else allocator("glibc")
+    res = MariaDBCacheSim().run(make_ctx(alloc, tmp_path, rec))
+    m = res["metrics"]
+    assert m["transactions"] == 100
+    # an oltp_read_only transaction is 14 statements: a million instructions or more
+    assert 3e5 < m["ir_per_txn"] < 3e7
+    assert 0 < m["ll_miss_per_txn"] < m["d1_miss_per_txn"] < m["ir_per_txn"] / 10
+    assert 0 < m["i1_miss_per_txn"]
+    # the allocator runs, and is a small part of the server's work
+    assert 100 < m["alloc_ir_per_txn"] < m["ir_per_txn"] / 10
+    assert_nothing_left(rec.pids)
+
+
 @pytest.mark.skipif(servers.pg_bindir() is None, reason="sudo apt-get install postgresql")
 def test_postgres_smoke(tmp_path, bench_lock):
     from keel_lab.suites.postgres import Postgres

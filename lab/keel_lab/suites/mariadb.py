@@ -2,10 +2,14 @@
 connection, so many threads means many per-thread allocator caches), then oltp_insert."""
 from __future__ import annotations
 
+import glob
+import os
 import re
+import subprocess
 
 # servers is imported as a module, names looked up at run time: keel_lab.servers
 # imports keel_lab.suites (for SuiteError), which imports this module.
+from .. import cachesim
 from .. import servers as sv
 from .base import (HELD_NOTE, MESH_STATS_NOTE, Suite, SuiteContext, SuiteError, cpu_us_per_txn,
                    held_metrics, mesh_estimate_metrics, mesh_stats_metrics, published_mesh_stats)
@@ -237,3 +241,122 @@ class MariaDBPool(Suite):
         finally:
             srv.stop(timeout=60)
         return result
+
+
+class MariaDBCacheSim(Suite):
+    """What MariaDB's own code pays for where its memory lies, counted instead of timed:
+    mariadbd runs under valgrind's callgrind with its cache simulator (a first-level
+    cache and, as the last level, this machine's L2, read from sysfs), serves sysbench
+    oltp_read_only with `threads` connections, and only a fixed number of transactions
+    (`events`, after a warm-up of a fifth as many) is counted. Per transaction:
+    instructions (ir_per_txn), first-level data misses (d1_miss_per_txn), last-level
+    data misses (ll_miss_per_txn), instruction-cache misses (i1_miss_per_txn), and the
+    allocator's own instructions (alloc_ir_per_txn: its library's functions, or glibc's
+    malloc sources). The counts repeat within a few percent where TPS on a shared
+    2-core machine spreads 20-30 %. Valgrind runs one thread at a time: it sees the
+    working set and the placement of blocks within one core's caches, not two cores
+    fighting over a line, TLB misses or the scheduler. Options (--set
+    mariadb-cachesim.KEY=VALUE): threads, events, ll=SIZE,WAYS,LINE (valgrind's --LL),
+    extra_env, tiny."""
+
+    name = "mariadb-cachesim"
+    description = ("MariaDB under sysbench inside valgrind's cache simulator: instructions "
+                   "and cache misses per transaction (deterministic, no timing)")
+    needs_packages = ("mariadb-server", "mariadb-client", "sysbench", "valgrind")
+
+    SIZES = {
+        # tables, rows per table, connections, counted transactions, buffer pool
+        "full": (4, 100_000, 64, 10_000, "256M"),
+        "quick": (2, 10_000, 64, 3_200, "128M"),
+        "tiny": (1, 2_000, 4, 100, "64M"),
+    }
+
+    def check(self, ctx: SuiteContext) -> None:
+        MariaDB.check(self, ctx)
+        sv.which("valgrind", "valgrind")
+        sv.which("callgrind_control", "valgrind")
+
+    def run(self, ctx: SuiteContext) -> dict:
+        self.check(ctx)
+        tables, rows, threads, events, pool = self.SIZES[size_mode(ctx)]
+        threads = int(opt_float(ctx, "threads", threads))
+        events = int(opt_float(ctx, "events", events))
+        ll = str(ctx.options.get("ll") or cachesim.host_cache() or "")
+        out = ctx.workdir / "callgrind.out"
+        wrapper = [sv.which("valgrind", "valgrind"), "--tool=callgrind", "--cache-sim=yes",
+                   "--instr-atstart=no", f"--callgrind-out-file={out}"]
+        if ll:
+            wrapper.append(f"--LL={ll}")
+        # Valgrind knows no io_uring and cannot reserve the buffer pool's largest size
+        # (by default 8 TiB of address space in 10.11): native AIO off, the maximum = size.
+        binary = sv.which(sv.MariaDBServer.binary, sv.MariaDBServer.package)
+        opts = subprocess.run([binary, "--no-defaults", "--help", "--verbose"],
+                              capture_output=True, text=True, timeout=60).stdout
+        args = ["--innodb-use-native-aio=0"]
+        if "innodb-buffer-pool-size-max" in opts:
+            args.append(f"--innodb-buffer-pool-size-max={pool}")
+        result: dict = {"metrics": {}, "notes": []}
+        m = result["metrics"]
+        srv = sv.MariaDBServer(ctx.allocator, workdir=ctx.workdir, buffer_pool=pool,
+                               max_connections=threads + 44, extra_env=opt_env(ctx),
+                               startup_timeout=600, stop_timeout=300, wrapper=wrapper,
+                               args=args)
+        try:
+            sb = start_and_prepare(srv, ctx, result, tables, rows)
+            read_only = [sb[0], "oltp_read_only", *sb[1:], f"--threads={threads}", "--time=0"]
+            warm = max(threads, events // 5)
+            ctx.progress(f"warm-up: {warm} transactions, {threads} connections", 0.3)
+            sv.run_client([*read_only, f"--events={warm}", "run"], servers=[srv],
+                          timeout=3600, what="sysbench warm-up")
+            self._control(srv, "-i", "on")
+            ctx.progress(f"counted: {events} transactions, {threads} connections", 0.45)
+            text = sv.run_client([*read_only, f"--events={events}", "run"], servers=[srv],
+                                 timeout=3600, what="sysbench oltp_read_only (counted)")
+            self._control(srv, "-i", "off")
+            self._control(srv, "-d")
+            srv.check_alive("the run")
+        finally:
+            srv.stop(timeout=300)
+        txns = re.search(r"transactions:\s+(\d+)", text)
+        if not txns or int(txns.group(1)) == 0:
+            raise SuiteError(f"no transactions in sysbench's output:\n{text[-2000:]}")
+        txns = int(txns.group(1))
+        dumps = sorted(glob.glob(f"{out}.*"))
+        if not dumps:
+            raise SuiteError(f"callgrind wrote no dump ({out}.N); server log:\n"
+                             f"{sv.log_tail(srv.log_path)}")
+        part = cachesim.allocator_part(srv.preload)
+        total = None
+        for d in dumps:
+            r = cachesim.parse(d, part)
+            total = r if total is None else cachesim.add(total, r)
+        t, a = total["totals"], total["part"]
+        if not t.get("Ir"):
+            raise SuiteError(f"callgrind counted nothing in {', '.join(map(os.path.basename, dumps))}")
+
+        def per(v: float) -> float:
+            return round(v / txns, 1)
+        m["transactions"] = txns
+        m["ir_per_txn"] = per(t["Ir"])
+        m["d1_miss_per_txn"] = per(t.get("D1mr", 0) + t.get("D1mw", 0))
+        m["ll_miss_per_txn"] = per(t.get("DLmr", 0) + t.get("DLmw", 0))
+        m["i1_miss_per_txn"] = per(t.get("I1mr", 0))
+        m["alloc_ir_per_txn"] = per(a["Ir"])
+        m["alloc_d1_miss_per_txn"] = per(a.get("D1mr", 0) + a.get("D1mw", 0))
+        result["notes"].append(
+            f"{tables} tables x {rows} rows, innodb_buffer_pool_size={pool}; mariadbd under "
+            f"valgrind --tool=callgrind --cache-sim=yes{' --LL=' + ll if ll else ''} "
+            f"(L1 as valgrind detects it), native AIO off; {warm} transactions of warm-up, then "
+            f"{txns} counted with {threads} connections. Counts per transaction, whole server "
+            "(all threads); alloc_*: the allocator's own functions. Valgrind serializes "
+            "threads: no cross-core line sharing, TLB or scheduling effects here.")
+        return result
+
+    @staticmethod
+    def _control(srv: sv.MariaDBServer, *args: str) -> None:
+        """callgrind_control on the server's pid (-i on/off, -d dump)."""
+        r = subprocess.run([sv.which("callgrind_control", "valgrind"), *args, str(srv.pid)],
+                           capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            raise SuiteError(f"callgrind_control {' '.join(args)} {srv.pid} failed: "
+                             f"{(r.stdout + r.stderr)[-1000:]}")
