@@ -4,8 +4,8 @@ self cost of the functions of one part of the program (the allocator's).
 Only what the lab needs from the format (valgrind's docs, "Callgrind Format
 Specification"): "events:" names the columns; "ob=", "fl=", "fi=", "fe=", "fn=" set the
 object, file and function that the following cost lines belong to, each either
-"(id) name" the first time or "(id)" after; a cost line is a position followed by the
-events' counts, and the one right after a "calls=" line is the inclusive cost of that
+"(id) name" the first time or "(id)" after; a cost line is its positions ("positions:"
+names them, by default one: the line) followed by the events' counts, and the one right after a "calls=" line is the inclusive cost of that
 call, which is the callee's and not the caller's own, so it is skipped; "cob=", "cfi=",
 "cfl=", "cfn=" name a call's target and define ids too."""
 from __future__ import annotations
@@ -30,6 +30,7 @@ def parse(path: str | Path, part: Optional[Callable[[str, str], bool]] = None) -
     accepts (all zero without part). Several dumps of one run (FILE.1, FILE.2...) are
     read by calling this on each and adding the results."""
     events: list[str] = []
+    npos = 1                # position columns before the counts ("positions: instr line": 2)
     totals: Optional[list[int]] = None
     names: dict[str, dict[str, str]] = {"ob": {}, "fl": {}, "fn": {}}
     kind_of = {"ob": "ob", "cob": "ob", "fl": "fl", "fi": "fl", "fe": "fl", "cfi": "fl",
@@ -62,12 +63,12 @@ def parse(path: str | Path, part: Optional[Callable[[str, str], bool]] = None) -
             if not events:
                 raise CallgrindError(f"{path}: cost line before the events: line")
             fields = line.split()
-            if not _POS.match(fields[0]):
+            if not all(_POS.match(f) for f in fields[:npos]):
                 continue
             if skip_next:           # inclusive cost of the call just named
                 skip_next = False
                 continue
-            counts = [int(x) for x in fields[1:1 + len(events)]]
+            counts = [int(x) for x in fields[npos:npos + len(events)]]
             for i, v in enumerate(counts):
                 summed[i] += v
                 if in_part:
@@ -89,7 +90,9 @@ def parse(path: str | Path, part: Optional[Callable[[str, str], bool]] = None) -
         key, sep, value = line.partition(":")
         if not sep:
             continue
-        if key == "events":
+        if key == "positions":
+            npos = len(value.split()) or 1
+        elif key == "events":
             events = value.split()
             summed = [0] * len(events)
             part_sum = [0] * len(events)

@@ -86,3 +86,17 @@ def test_host_cache_is_valgrinds_format_or_none():
         pytest.skip("sysfs names no level-2 cache here")
     size, ways, line = (int(x) for x in v.split(","))
     assert size >= 64 << 10 and ways >= 1 and line in (32, 64, 128, 256)
+
+
+def test_two_position_columns(tmp_path):
+    """--dump-instr=yes puts an address before the line number of every cost line."""
+    text = SAMPLE.replace("events: Ir D1mr", "positions: instr line\nevents: Ir D1mr")
+    for old, new in (("\n10 100 5", "\n0x4000 10 100 5"), ("\n+2 50 1", "\n+8 +2 50 1"),
+                     ("\n* 1000 30", "\n* * 1000 30"), ("\n0 900 20", "\n0x5000 0 900 20"),
+                     ("\n5 10000 7", "\n0x6000 5 10000 7"), ("\n7 3 1", "\n+4 7 3 1"),
+                     ("\n8 4 0", "\n+4 8 4 0")):
+        assert old in text
+        text = text.replace(old, new)
+    r = cachesim.parse(write(tmp_path, text), cachesim.allocator_part(None))
+    assert r["totals"] == {"Ir": 11057, "D1mr": 34}
+    assert r["part"] == {"Ir": 150, "D1mr": 6}
