@@ -317,10 +317,12 @@ class MariaDBCacheSim(Suite):
             srv.check_alive("the run")
         finally:
             srv.stop(timeout=300)
-        txns = re.search(r"transactions:\s+(\d+)", text)
-        if not txns or int(txns.group(1)) == 0:
+        counted = parse_sysbench(text)
+        txns = counted.get("transactions", 0)
+        if not txns:
             raise SuiteError(f"no transactions in sysbench's output:\n{text[-2000:]}")
-        txns = int(txns.group(1))
+        if counted.get("reconnects"):
+            raise SuiteError(f"{counted['reconnects']} reconnects (did mariadbd restart?)")
         dumps = sorted(glob.glob(f"{out}.*"))
         if not dumps:
             raise SuiteError(f"callgrind wrote no dump ({out}.N); server log:\n"
