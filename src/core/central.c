@@ -32,7 +32,13 @@ static void partial_push(keel_central_t* cl, keel_slab_t* s) {
   s->in_partial = 1;
 }
 
+/* Where a class's next search for a hole to lend starts (borrowing, below): a slab of
+ * its partial list, or NULL for the head. */
+static keel_slab_t* lend_cursor[KEEL_NUM_CLASSES];
+
 static void partial_remove(keel_central_t* cl, keel_slab_t* s) {
+  keel_slab_t** cursor = &lend_cursor[cl - _keel_central];
+  if (*cursor == s) *cursor = s->next;
   if (s->prev) s->prev->next = s->next;
   else __atomic_store_n(partial_list(cl, s), s->next, __ATOMIC_RELAXED);
   if (s->next) s->next->prev = s->prev;
@@ -166,7 +172,8 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
      * it (PostgreSQL's 8-32 KiB memory-context blocks, batches of one) and spills the
      * surplus into its slabs is not cold, and purging what the spills free would make
      * the next refill fault the pages back in. */
-    cl->touched = cl->take_tick = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+    cl->touched = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+    __atomic_store_n(&cl->take_tick, cl->touched, __ATOMIC_RELAXED);
     __atomic_store_n(&cl->nbatches, cl->nbatches - 1, __ATOMIC_RELAXED);
     void* list = cl->batches[cl->nbatches];
     keel_unlock(&cl->lock);
@@ -188,7 +195,8 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
     n += slab_take(s, cls, want - n, &tail);
     if (s->used == k->count) partial_remove(cl, s);
   }
-  if (n > 0) cl->take_tick = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  if (n > 0)
+    __atomic_store_n(&cl->take_tick, (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
   *tail = NULL;
   cl->out += n;
   bool exhausted = cl->partial == NULL;
@@ -301,6 +309,133 @@ static bool purge_allowed(keel_slab_t* s) {
   return !s->meshed && _keel_thp_purge_granule() <= _keel_page_size &&
          !_keel_pageheap_promoted(slab_base(keel_chunk_of(s), s), s->units);
 }
+
+/* ---- borrowing -----------------------------------------------------------------------
+ * A slab holds blocks of one size, so the holes a class leaves when its blocks are
+ * freed at random (a server overwriting 1 KiB values with 700-byte ones) are filled
+ * only by requests of that class: the pages stay resident for the few live blocks
+ * each still holds, while the smaller values take new slabs. glibc's best-fit heap
+ * reuses such holes for any smaller size. When a class would have to take a new slab,
+ * it may instead borrow one free block of a larger class (at most twice its size) whose
+ * own requests will not want the hole soon (can_lend), from pages that already hold
+ * blocks in use: memory the process holds anyway, where a new slab would add pages.
+ * The block keeps its own class for life (malloc_usable_size says so, and its free
+ * goes to that class's bin), and is handed out on its own, never through the borrowing
+ * class's bin (a bin holds one class): a class that borrows takes its slow path on each
+ * request, and only while it would otherwise grow. Aligned requests never borrow (a
+ * larger block need not be as aligned), nor do the heap profiler's samples or the
+ * checked mode. jemalloc's nallocx() reports the size of the request's own class, so
+ * for a borrowed block it is less than malloc_usable_size(), never more. */
+#define BORROW_SPAN 2        /* a lender's blocks are at most this many times the size */
+#define BORROW_SLABS 64      /* a lender's partly used slabs looked at per borrow */
+#define BORROW_CANDIDATES 512 /* a lender's free blocks looked at per borrow */
+
+/* 1 + the last tick a search of a class found nothing to lend: a class whose free
+ * blocks lie on wholly free pages is searched in vain at most once a tick, not on every
+ * request of every smaller class. */
+static uint32_t lend_miss_tick[KEEL_NUM_CLASSES];
+static uint64_t borrowed_blocks;
+
+/* True if every OS page under block idx of slab s also holds a block in use. */
+static bool pages_in_use(const keel_slab_t* s, const keel_class_t* k, size_t idx, size_t* free_page) {
+  size_t page = _keel_page_size, start = idx * k->size;
+  for (size_t off = start & ~(page - 1); off < start + k->size; off += page)
+    if (page_free(s, k, off)) {
+      *free_page = off;
+      return false;
+    }
+  return true;
+}
+
+/* Lock of the lender held: takes a free block of slab s that shares its pages with
+ * blocks in use, looking at up to *budget free blocks; -1 if none. Only words a take
+ * has reached are searched (the rest were never handed out, so their pages are likely
+ * untouched), and a page found free skips the candidates on it. */
+static long slab_take_hole(keel_slab_t* s, const keel_class_t* k, unsigned* budget) {
+  size_t skip_end = 0; /* candidates starting below this offset lie on a free page */
+  for (unsigned w = s->scan; w < s->ready && *budget > 0; w++) {
+    uint64_t bits = KEEL_SLAB_BITS(s, w);
+    while (bits && *budget > 0) {
+      unsigned b = (unsigned)__builtin_ctzll(bits);
+      bits &= bits - 1;
+      size_t idx = (size_t)w * 64 + b, free_page;
+      if (idx >= k->count) break;
+      if (idx * k->size < skip_end) continue;
+      (*budget)--;
+      if (!pages_in_use(s, k, idx, &free_page)) {
+        skip_end = free_page + _keel_page_size;
+        continue;
+      }
+      KEEL_SLAB_BITS(s, w) &= ~((uint64_t)1 << b);
+      s->used++;
+      return (long)idx;
+    }
+  }
+  return -1;
+}
+
+/* A class lends when it will not miss the hole: it has gone cold, or at least an
+ * eighth of its slabs' blocks are free in them (not counting its caches), so its own
+ * requests have plenty left - a server that overwrites at random frees into a class
+ * faster than the purge delay lets it go cold (redis-frag's overwrites take 0.3 s).
+ * Called without the class's lock as a hint, then again with it. */
+__attribute__((no_sanitize("thread"))) static bool can_lend(const keel_central_t* cl, const keel_class_t* k,
+                                                            uint32_t now, uint32_t cold) {
+  if (now - __atomic_load_n(&cl->take_tick, __ATOMIC_RELAXED) >= cold) return true;
+  uint64_t blocks = (uint64_t)cl->slabs * k->count;
+  return blocks > cl->out && (blocks - cl->out) * KEEL_BORROW_FREE_SHARE >= blocks;
+}
+
+void* _keel_central_borrow(unsigned cls) {
+  uint32_t cold = __atomic_load_n(&cold_ticks, __ATOMIC_RELAXED);
+  if (cold == 0 || _keel_profiling) return NULL; /* no purger: no notion of cold */
+  uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  uint64_t most = (uint64_t)_keel_classes[cls].size * BORROW_SPAN;
+  for (unsigned lender = cls + 1; lender < KEEL_NUM_CLASSES && _keel_classes[lender].size <= most; lender++) {
+    keel_central_t* cl = &_keel_central[lender];
+    const keel_class_t* k = &_keel_classes[lender];
+    if (__atomic_load_n(&cl->partial, __ATOMIC_RELAXED) == NULL || !can_lend(cl, k, now, cold) ||
+        __atomic_load_n(&lend_miss_tick[lender], __ATOMIC_RELAXED) == now + 1)
+      continue;
+    unsigned budget = BORROW_CANDIDATES;
+    /* Never wait for a lender: threads that borrow at once, or a lender busy with its
+     * own traffic, make this request take a slab as it would have. */
+    if (!keel_trylock(&cl->lock)) continue;
+    long idx = -1;
+    /* The search goes round the partial list from where the last one stopped, so the
+     * slabs at its head, once lent out, do not end every search. */
+    keel_slab_t** cursor = &lend_cursor[lender];
+    keel_slab_t* s = NULL;
+    if (can_lend(cl, k, now, cold) && cl->partial != NULL) {
+      s = *cursor != NULL ? *cursor : cl->partial;
+      for (unsigned n = 0; n < BORROW_SLABS && budget > 0; n++) {
+        if (!s->meshed && (idx = slab_take_hole(s, k, &budget)) >= 0) break;
+        s = s->next != NULL ? s->next : cl->partial;
+      }
+      *cursor = s;
+    }
+    if (idx < 0) {
+      keel_unlock(&cl->lock);
+      __atomic_store_n(&lend_miss_tick[lender], now + 1, __ATOMIC_RELAXED);
+      continue;
+    }
+    void** p = (void**)((char*)slab_base(keel_chunk_of(s), s) + (size_t)idx * k->size);
+    if (s->used == k->count) partial_remove(cl, s);
+    cl->out++;
+    bool exhausted = cl->partial == NULL;
+    keel_unlock(&cl->lock);
+    __atomic_add_fetch(&borrowed_blocks, 1, __ATOMIC_RELAXED);
+    if (KEEL_UNLIKELY(exhausted && __atomic_load_n(&_keel_class_group_pending[lender], __ATOMIC_RELAXED)))
+      _keel_classes_coarse_exhausted(lender);
+    p[1] = NULL;
+    return p;
+  }
+  return NULL;
+}
+
+keel_slab_t* _keel_central_lend_cursor(unsigned cls) { return lend_cursor[cls]; }
+
+uint64_t _keel_central_borrowed_blocks(void) { return __atomic_load_n(&borrowed_blocks, __ATOMIC_RELAXED); }
 
 /* Returns block p to its slab; the central lock of cls is held. */
 static void slab_put(keel_central_t* cl, unsigned cls, void* p) {

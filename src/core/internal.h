@@ -327,6 +327,13 @@ bool _keel_central_has_free(unsigned cls) KEEL_INTERNAL;
 void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) KEEL_INTERNAL;
 /* Gives back a NULL-terminated list of n blocks of class cls. */
 void _keel_central_give(unsigned cls, void* list, uint32_t n) KEEL_INTERNAL;
+/* A free block of a larger, cold class for a request of class cls that would otherwise
+ * take a new slab (central.c, "borrowing"); NULL if none. Never through a bin. */
+#define KEEL_BORROW_FREE_SHARE 8 /* a class lends while 1/this of its slabs' blocks are free */
+void* _keel_central_borrow(unsigned cls) KEEL_INTERNAL;
+uint64_t _keel_central_borrowed_blocks(void) KEEL_INTERNAL;
+/* Lock of cls held: where its next search for a hole to lend starts (NULL: the head). */
+keel_slab_t* _keel_central_lend_cursor(unsigned cls) KEEL_INTERNAL;
 /* One block of class cls from a slab reserved for heap-profile samples; NULL if OOM. */
 void* _keel_central_take_sampled(unsigned cls) KEEL_INTERNAL;
 /* True if block p (of class cls) is free in its slab: proves a double free. */
@@ -504,7 +511,7 @@ extern keel_tcache_t _keel_tc_empty KEEL_INTERNAL;
  * key can never equal a pointer the program stored there. */
 extern uintptr_t _keel_free_key KEEL_INTERNAL;
 
-void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls) KEEL_INTERNAL;
+void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) KEEL_INTERNAL;
 void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) KEEL_INTERNAL;
 void _keel_tcache_flush(keel_tcache_t* t) KEEL_INTERNAL;
 void _keel_tcache_thread_flush(void) KEEL_INTERNAL;

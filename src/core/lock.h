@@ -47,6 +47,17 @@ static inline void keel_lock(keel_lock_t* lock) {
   _keel_lock_slow(lock);
 }
 
+/* Takes the lock only if it is free now: for work that is worth doing only when it
+ * costs no waiting (and is not counted as contention when it does not happen). */
+static inline bool keel_trylock(keel_lock_t* lock) {
+  uint32_t expected = 0;
+  if (!atomic_compare_exchange_strong_explicit(&lock->state, &expected, 1, memory_order_acquire,
+                                               memory_order_relaxed))
+    return false;
+  lock->acquired++;
+  return true;
+}
+
 static inline void keel_unlock(keel_lock_t* lock) {
   if (__builtin_expect(atomic_exchange_explicit(&lock->state, 0, memory_order_release) == 2, 0))
     _keel_prim_futex_wake((volatile uint32_t*)&lock->state, 1);

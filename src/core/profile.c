@@ -128,6 +128,9 @@ KEEL_HOT void* _keel_profile_countdown_expired(keel_tcache_t* t, unsigned cls, v
   }
   keel_bin_set_countdown(b, _keel_profile_first_countdown(cls));
   if (!_keel_profiling || in_profiler) return p;
+  /* A block borrowed from a larger class (central.c) just before profiling started
+   * cannot go on this bin: it is not sampled. */
+  if (keel_pagemap_get(p) != cls) return p;
   void** q = (void**)_keel_central_take_sampled(cls);
   if (q == NULL) return p;
   /* Put p back on the bin: the program gets the sampled block instead. */

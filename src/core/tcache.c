@@ -222,12 +222,17 @@ static void* central_alloc_one(unsigned cls) {
   return p;
 }
 
-void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls) {
+void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) {
 #if KEEL_DEBUG >= 2
   static _Thread_local unsigned verify_tick;
   if (++verify_tick % KEEL_VERIFY_EVERY == 0) _keel_verify();
 #endif
   if (t == &_keel_tc_empty) t = tcache_or_young();
+  /* The class would take a new slab: a hole of a larger, cold class first. */
+  if (may_borrow && !_keel_central_has_free(cls)) {
+    void* p = _keel_central_borrow(cls);
+    if (p != NULL) return p;
+  }
   if (t == NULL || t->bin[cls].max == 0) /* cacheless, or an uncached class */
     return central_alloc_one(cls);
   if (t->head[cls] == NULL) {

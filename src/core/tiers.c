@@ -17,7 +17,9 @@ void* _keel_alloc_direct(unsigned cls) {
   return p;
 }
 
-static inline void* alloc_class(unsigned cls, size_t n, bool via_cache) {
+/* may_borrow: the block may be of a larger class (central.c, borrowing); false for
+ * aligned requests, whose class was chosen for its blocks' alignment. */
+static inline void* alloc_class(unsigned cls, size_t n, bool via_cache, bool may_borrow) {
   if (!via_cache) return _keel_alloc_direct(cls);
   keel_tcache_t* t = _keel_tc;
   void** p = (void**)t->head[cls];
@@ -27,7 +29,7 @@ static inline void* alloc_class(unsigned cls, size_t n, bool via_cache) {
     if (KEEL_UNLIKELY(!keel_bin_count_pop(&t->bin[cls]))) return _keel_profile_countdown_expired(t, cls, p, n);
     return p;
   }
-  p = (void**)_keel_tcache_alloc_slow(t, cls);
+  p = (void**)_keel_tcache_alloc_slow(t, cls, may_borrow);
   if (p == NULL || t == &_keel_tc_empty) return p;
   if (KEEL_UNLIKELY(!keel_bin_count_sample_only(&t->bin[cls]))) return _keel_profile_countdown_expired(t, cls, p, n);
   return p;
@@ -39,7 +41,7 @@ void* _keel_alloc_any(size_t n, size_t align, bool zero, bool via_cache) {
   if (n > KEEL_MAX_ALLOC) return enomem();
   if (align <= 16) {
     if (n <= KEEL_CLASS_MAX) {
-      void* p = alloc_class(keel_size_class(n), n, via_cache);
+      void* p = alloc_class(keel_size_class(n), n, via_cache, true);
       if (zero && p) memset(p, 0, n);
       return p;
     }
@@ -54,7 +56,7 @@ void* _keel_alloc_any(size_t n, size_t align, bool zero, bool via_cache) {
     unsigned cls = keel_size_class(rounded);
     while (cls < KEEL_NUM_CLASSES && _keel_classes[cls].size % align != 0) cls++;
     if (cls < KEEL_NUM_CLASSES) {
-      void* p = alloc_class(cls, n, via_cache);
+      void* p = alloc_class(cls, n, via_cache, false);
       if (zero && p) memset(p, 0, n);
       return p;
     }

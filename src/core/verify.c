@@ -81,10 +81,14 @@ void _keel_verify(void) {
       }
       VERIFY(n == kc->batch);
     }
+    keel_slab_t* cursor = _keel_central_lend_cursor(cls);
+    bool cursor_found = cursor == NULL;
     for (keel_slab_t* s = cl->partial; s != NULL; s = s->next) {
       VERIFY(s->state == KEEL_UNIT_SLAB && s->cls == cls && s->in_partial && !s->sampled);
       VERIFY(s->used < kc->count);
+      cursor_found |= s == cursor;
     }
+    VERIFY(cursor_found); /* borrowing's cursor is a slab of the partial list */
     for (keel_slab_t* s = cl->sampled_partial; s != NULL; s = s->next) {
       VERIFY(s->state == KEEL_UNIT_SLAB && s->cls == cls && s->in_partial && s->sampled);
       VERIFY(s->used < kc->count);

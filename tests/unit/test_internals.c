@@ -376,6 +376,155 @@ static void test_busy_trim(void) {
   _keel_options.background_purge = true;
 }
 
+/* Borrowing (central.c): a class that would take a new slab gets a free block of a
+ * larger class instead - one that has gone cold, or has an eighth of its blocks free -
+ * but only a block that shares its pages with blocks in use; never from a class that is
+ * taking and has few holes, and never for an aligned request. */
+static void test_borrow(void) {
+  TEST_SECTION("borrowing holes of a larger class");
+  _keel_options.background_purge = false; /* the purger thread must not decay meanwhile */
+  enum { N = 256, IDLE = 1000, MAX_DRAINED = 4096 };
+  unsigned mine = keel_size_class(1500), lender = keel_size_class(2000);
+  const keel_class_t* lk = &_keel_classes[lender];
+  keel_central_t* lcl = &_keel_central[lender];
+  CHECK(_keel_classes[mine].size == 1536 && lk->size == 2048);
+  for (unsigned c = mine + 1; c < lender; c++) CHECK(_keel_central[c].partial == NULL);
+  CHECK(lcl->partial == NULL && lcl->out == 0); /* no other test used the lender */
+  static void* b[N];
+  static bool live[N], lent[N];
+  for (int i = 0; i < N; i++) {
+    b[i] = _keel_alloc_direct(lender);
+    memset(b[i], 1, lk->size);
+    live[i] = true;
+  }
+  _keel_central_decay(IDLE); /* cold threshold: IDLE / 2 ticks */
+  static void* drained[MAX_DRAINED];
+  unsigned ndrained = 0;
+  /* The class of 1,500 bytes has nothing free: no block in this thread's bin, none in
+   * its central list. */
+#define DRAIN()                                                                       \
+  do {                                                                                \
+    _keel_tcache_thread_flush();                                                      \
+    while (_keel_central_has_free(mine) && ndrained < MAX_DRAINED) drained[ndrained++] = _keel_alloc_direct(mine); \
+  } while (0)
+#define GIVE_BACK(i)                          \
+  do {                                        \
+    live[i] = false;                          \
+    ((void**)b[i])[0] = NULL;                 \
+    _keel_central_give(lender, b[i], 1);      \
+  } while (0)
+  uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  uint64_t borrowed0 = _keel_central_borrowed_blocks();
+  /* Few holes, in a class that took just now: no borrowing. */
+  for (int i = 1; i < N; i += 2 * KEEL_BORROW_FREE_SHARE) GIVE_BACK(i);
+  DRAIN();
+  __atomic_store_n(&lcl->take_tick, now, __ATOMIC_RELAXED);
+  void* hot = malloc(1500);
+  CHECK(malloc_usable_size(hot) == 1536 && _keel_central_borrowed_blocks() == borrowed0);
+  /* The same class gone cold lends one of those holes. */
+  DRAIN();
+  __atomic_fetch_add(&_keel_ticks, 1, __ATOMIC_RELAXED); /* past the miss just recorded */
+  __atomic_store_n(&lcl->take_tick, now - 2 * IDLE, __ATOMIC_RELAXED);
+  /* A lender whose lock is held is passed by, not waited for. */
+  keel_lock(&lcl->lock);
+  void* busy = malloc(1500);
+  keel_unlock(&lcl->lock);
+  CHECK(malloc_usable_size(busy) == 1536 && _keel_central_borrowed_blocks() == borrowed0);
+  DRAIN();
+  void* cold = malloc(1500);
+  CHECK(malloc_usable_size(cold) == lk->size && _keel_central_borrowed_blocks() == borrowed0 + 1);
+  int cold_at = -1;
+  for (int i = 0; i < N; i++)
+    if (b[i] == cold) cold_at = i;
+  CHECK(cold_at >= 0 && !live[cold_at]);
+  if (cold_at >= 0) lent[cold_at] = true;
+  /* Taking again, but with half its blocks free: the odd ones of the first half (holes
+   * beside live blocks) and a run in the second half (pages holding free blocks only,
+   * but for the last block's page). Every hole beside a live block is lent, then the
+   * class takes a slab again. */
+  __atomic_store_n(&lcl->take_tick, now, __ATOMIC_RELAXED);
+  for (int i = 0; i < N; i++)
+    if (live[i] && !((i < N / 2 && i % 2 == 0) || i == N - 1)) GIVE_BACK(i);
+  size_t page = _keel_page_size;
+  unsigned lendable = 0;
+  for (int i = 0; i < N; i++) {
+    if (live[i] || lent[i]) continue;
+    uintptr_t first = (uintptr_t)b[i] & ~(page - 1), last = ((uintptr_t)b[i] + lk->size - 1) & ~(page - 1);
+    bool shared = true;
+    for (uintptr_t pg = first; pg <= last; pg += page) {
+      bool any = false;
+      for (int j = 0; j < N; j++)
+        if ((live[j] || lent[j]) && ((uintptr_t)b[j] & ~(page - 1)) <= pg &&
+            (((uintptr_t)b[j] + lk->size - 1) & ~(page - 1)) >= pg)
+          any = true;
+      shared = shared && any;
+    }
+    lendable += shared;
+  }
+  CHECK(lendable > 0);
+  DRAIN();
+  __atomic_fetch_add(&_keel_ticks, 1, __ATOMIC_RELAXED);
+  void* aligned = memalign(512, 1500); /* its class was chosen for alignment: never lent */
+  CHECK(aligned != NULL && (uintptr_t)aligned % 512 == 0 && malloc_usable_size(aligned) == 1536);
+  DRAIN();
+  static void* got[N];
+  unsigned ngot = 0, strays = 0;
+  /* Borrows until a block of the class's own comes; returns how many were lent. */
+#define BORROW_ALL()                                                    \
+  do {                                                                  \
+    for (; ngot < N; ngot++) {                                          \
+      got[ngot] = malloc(1500);                                         \
+      if (malloc_usable_size(got[ngot]) != lk->size) break;             \
+      int at = -1;                                                      \
+      for (int i = 0; i < N; i++)                                       \
+        if (b[i] == got[ngot]) at = i;                                  \
+      strays += at < 0 || live[at] || lent[at];                         \
+      if (at >= 0) lent[at] = true;                                     \
+    }                                                                   \
+  } while (0)
+  BORROW_ALL();
+  unsigned hot_got = ngot;
+  uint64_t blocks = (uint64_t)lcl->slabs * lk->count, in_slabs = blocks - lcl->out;
+  /* Lent until no hole is left or until fewer than an eighth of its blocks were free. */
+  CHECK_MSG(hot_got > 0 && strays == 0 && (hot_got == lendable || in_slabs * KEEL_BORROW_FREE_SHARE < blocks),
+            "borrowed %u blocks (%u not lendable) of %u lendable, %llu of %llu free", hot_got, strays, lendable,
+            (unsigned long long)in_slabs, (unsigned long long)blocks);
+  CHECK(ngot < N && malloc_usable_size(got[ngot]) == 1536); /* then a slab of its own */
+  if (ngot < N) drained[ndrained++] = got[ngot];
+  /* Gone cold, it lends the rest. */
+  DRAIN();
+  __atomic_fetch_add(&_keel_ticks, 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&lcl->take_tick, now - 2 * IDLE, __ATOMIC_RELAXED);
+  BORROW_ALL();
+  CHECK_MSG(ngot == lendable && strays == 0, "borrowed %u blocks (%u not lendable), %u lendable", ngot, strays,
+            lendable);
+  CHECK(_keel_central_borrowed_blocks() == borrowed0 + 1 + ngot);
+  CHECK(ngot < N && malloc_usable_size(got[ngot]) == 1536);
+  /* A borrowed block frees into its own class's bin, like any other. */
+  keel_tcache_t* t = _keel_tc;
+  if (ngot > 0 && t != &_keel_tc_empty && t->bin[lender].max > 0) {
+    free(got[0]);
+    CHECK(_keel_tcache_contains(t, lender, got[0]));
+    got[0] = NULL;
+  }
+  for (unsigned i = 0; i <= ngot && i < N; i++) free(got[i]);
+  for (int i = 0; i < N; i++)
+    if (live[i]) free(b[i]);
+  for (unsigned i = 0; i < ndrained; i++) free(drained[i]);
+  free(hot);
+  free(busy);
+  free(cold);
+  free(aligned);
+  _keel_tcache_thread_flush();
+  _keel_central_drain_all();
+  CHECK(lcl->out == 0);
+  _keel_verify();
+#undef DRAIN
+#undef GIVE_BACK
+#undef BORROW_ALL
+  _keel_options.background_purge = true;
+}
+
 static void test_verify(void) {
   TEST_SECTION("invariant walk over a busy heap");
   void* blocks[3000];
@@ -463,6 +612,7 @@ int main(void) {
   test_fine_classes();
   test_uncached_class();
   test_busy_trim();
+  test_borrow();
   test_verify();
   test_stats_api();
   test_lock_stats();
