@@ -64,8 +64,12 @@ if [[ $lib != glibc ]]; then
       for p in $(pgrep -x mariadbd 2>/dev/null); do
         [[ -n ${done_pids[$p]:-} ]] && continue
         grep -q -- "$work/var" "/proc/$p/cmdline" 2>/dev/null || continue
+        # Judged once the loader has mapped libc (preloads come before it): a process
+        # caught just after exec, or exiting (empty maps), is looked at again next time.
+        maps=$(cat "/proc/$p/maps" 2>/dev/null)
+        [[ $maps == *libc.so* ]] || continue
         done_pids[$p]=1
-        if grep -qF "$lib" "/proc/$p/maps" 2>/dev/null; then seen=$((seen + 1)); else bad=$((bad + 1)); fi
+        if [[ $maps == *"$lib"* ]]; then seen=$((seen + 1)); else bad=$((bad + 1)); fi
         echo "$seen $bad" >"$work/preload-check"
       done
       sleep 1
