@@ -203,6 +203,7 @@ KEEL_API size_t keel_stats_json(char* out, size_t size) {
   json_field(&b, "threads_total", s.threads_total, true);
   json_field(&b, "os_page_size", s.os_page_size, true);
   json_field(&b, "huge_page_size", s.huge_page_size, true);
+  json_field(&b, "borrowed_blocks", _keel_central_borrowed_blocks(), true);
   keel_lock_stats_t ls[LOCK_KINDS];
   keel_stats_locks(ls, LOCK_KINDS);
   _keel_buf_str(&b, "\"locks\":{");

@@ -20,6 +20,8 @@
  *   - a statistics thread calls keel_stats_get, keel_stats_print, keel_purge and
  *     keel_thread_flush;
  *   - Keel's background purger thread (KEEL_PURGE_DELAY short) returns memory.
+ * Before that, a borrowing phase: two threads take holes of a fragmented larger class
+ * (central.c's borrowing) while a third allocates and frees in that class.
  *
  * Environment: KEEL_STRESS_SCALE (default 1) scales the operation counts.
  */
@@ -307,6 +309,62 @@ static void* stats_thread(void* arg) {
   return NULL;
 }
 
+/* Borrowing: blocks of 1,500 bytes from the holes of the 2,000-byte class, taken by two
+ * threads at once while a third uses the lender's own blocks. */
+enum { LENDER_BLOCKS = 2048, BORROWS = 512 };
+static void* lender_blocks[LENDER_BLOCKS];
+
+static void* borrower(void* arg) {
+  (void)arg;
+  static _Thread_local void* got[BORROWS];
+  for (int i = 0; i < BORROWS; i++) {
+    got[i] = keel_malloc(1500);
+    CHECK(got[i] != NULL && keel_malloc_usable_size(got[i]) >= 1500);
+    if (got[i]) memset(got[i], 0x5a, 1500);
+  }
+  for (int i = 0; i < BORROWS; i++) keel_free(got[i]);
+  return NULL;
+}
+
+static void* lender_user(void* arg) {
+  (void)arg;
+  for (int i = 0; i < 4 * BORROWS; i++) {
+    void* p = keel_malloc(2000);
+    CHECK(p != NULL);
+    if (p) memset(p, 0xa5, 2000);
+    keel_free(p);
+  }
+  return NULL;
+}
+
+static unsigned long long borrowed_blocks(void) {
+  char json[32 * 1024];
+  keel_stats_json(json, sizeof json);
+  const char* at = strstr(json, "\"borrowed_blocks\":");
+  return at ? strtoull(at + strlen("\"borrowed_blocks\":"), NULL, 10) : 0;
+}
+
+static void borrow_phase(void) {
+  for (int i = 0; i < LENDER_BLOCKS; i++) lender_blocks[i] = keel_malloc(2000);
+  for (int i = 0; i < LENDER_BLOCKS; i++)
+    if (i % 4 != 0) {
+      keel_free(lender_blocks[i]);
+      lender_blocks[i] = NULL;
+    }
+  keel_thread_flush(); /* the holes go back to their slabs */
+  usleep(100 * 1000);  /* the purger has ticked (borrowing needs its clock) */
+  unsigned long long before = borrowed_blocks();
+  pthread_t t[3];
+  CHECK(pthread_create(&t[0], NULL, borrower, NULL) == 0);
+  CHECK(pthread_create(&t[1], NULL, borrower, NULL) == 0);
+  CHECK(pthread_create(&t[2], NULL, lender_user, NULL) == 0);
+  for (int k = 0; k < 3; k++) pthread_join(t[k], NULL);
+  unsigned long long lent = borrowed_blocks() - before;
+  printf("tsan: borrowing phase: %llu blocks lent\n", lent);
+  CHECK(lent > 0);
+  for (int i = 0; i < LENDER_BLOCKS; i++) keel_free(lender_blocks[i]);
+}
+
 int main(void) {
   double scale = stress_scale();
   ops_per_worker = (long)(20000 * scale);
@@ -322,6 +380,7 @@ int main(void) {
   void* first = keel_malloc(1);
   CHECK(first != NULL);
   keel_free(first);
+  borrow_phase();
 
   for (int i = 0; i < NWORKERS; i++) pthread_mutex_init(&inbox[i].mu, NULL);
   pthread_t w[NWORKERS], st;
