@@ -438,6 +438,12 @@ static void test_borrow(void) {
     if (b[i] == cold) cold_at = i;
   CHECK(cold_at >= 0 && !live[cold_at]);
   if (cold_at >= 0) lent[cold_at] = true;
+  /* Under meshing the holes are left to the mesher. */
+  DRAIN();
+  __atomic_store_n(&_keel_options.mesh, KEEL_MESH_ON, __ATOMIC_RELAXED);
+  void* meshing = malloc(1500);
+  __atomic_store_n(&_keel_options.mesh, KEEL_MESH_OFF, __ATOMIC_RELAXED);
+  CHECK(malloc_usable_size(meshing) == 1536 && _keel_central_borrowed_blocks() == borrowed0 + 1);
   /* Taking again, but with half its blocks free: the odd ones of the first half (holes
    * beside live blocks) and a run in the second half (pages holding free blocks only,
    * but for the last block's page). Every hole beside a live block is lent, then the
@@ -514,6 +520,7 @@ static void test_borrow(void) {
   free(hot);
   free(busy);
   free(cold);
+  free(meshing);
   free(aligned);
   _keel_tcache_thread_flush();
   _keel_central_drain_all();
