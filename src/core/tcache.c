@@ -228,7 +228,7 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) {
   if (++verify_tick % KEEL_VERIFY_EVERY == 0) _keel_verify();
 #endif
   if (t == &_keel_tc_empty) t = tcache_or_young();
-  /* The class would take a new slab: a hole of a larger, cold class first. */
+  /* The class would take a new slab: a hole a larger class can spare first (borrowing). */
   if (may_borrow && !_keel_central_has_free(cls)) {
     void* p = _keel_central_borrow(cls);
     if (p != NULL) return p;
