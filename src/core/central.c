@@ -386,15 +386,31 @@ __attribute__((no_sanitize("thread"))) static bool can_lend(const keel_central_t
   return blocks > cl->out && (blocks - cl->out) * KEEL_BORROW_FREE_SHARE >= blocks;
 }
 
-void* _keel_central_borrow(unsigned cls) {
-  uint32_t cold = __atomic_load_n(&cold_ticks, __ATOMIC_RELAXED);
+/* Whether borrowing is on at all; sets the purger's clock and cold threshold. */
+static bool borrowing(uint32_t* now, uint32_t* cold) {
+  *cold = __atomic_load_n(&cold_ticks, __ATOMIC_RELAXED);
+  *now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
   /* Without the purger there is no clock for "cold". Under meshing the holes are left
    * to the mesher: a borrowed block makes the lender's pages denser, so fewer of them
    * pair up once the program idles (redis-frag, 1 KiB values, held after idle: 332,956
    * KiB meshing alone, 372,432 borrowing too). */
-  if (cold == 0 || _keel_profiling || __atomic_load_n(&_keel_options.mesh, __ATOMIC_RELAXED) != KEEL_MESH_OFF)
-    return NULL;
-  uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  return *cold != 0 && !_keel_profiling &&
+         __atomic_load_n(&_keel_options.mesh, __ATOMIC_RELAXED) == KEEL_MESH_OFF;
+}
+
+unsigned _keel_central_lender_in(const void* const* heads, unsigned cls) {
+  uint32_t now, cold;
+  if (!borrowing(&now, &cold)) return 0;
+  uint64_t most = (uint64_t)_keel_classes[cls].size * BORROW_SPAN;
+  for (unsigned lender = cls + 1; lender < KEEL_NUM_CLASSES && _keel_classes[lender].size <= most; lender++)
+    if (heads[lender] != NULL && can_lend(&_keel_central[lender], &_keel_classes[lender], now, cold))
+      return lender;
+  return 0;
+}
+
+void* _keel_central_borrow(unsigned cls) {
+  uint32_t now, cold;
+  if (!borrowing(&now, &cold)) return NULL;
   uint64_t most = (uint64_t)_keel_classes[cls].size * BORROW_SPAN;
   for (unsigned lender = cls + 1; lender < KEEL_NUM_CLASSES && _keel_classes[lender].size <= most; lender++) {
     keel_central_t* cl = &_keel_central[lender];

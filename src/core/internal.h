@@ -331,6 +331,10 @@ void _keel_central_give(unsigned cls, void* list, uint32_t n) KEEL_INTERNAL;
  * take a new slab (central.c, "borrowing"); NULL if none. Never through a bin. */
 #define KEEL_BORROW_FREE_SHARE 8 /* a class lends while 1/this of its slabs' blocks are free */
 void* _keel_central_borrow(unsigned cls) KEEL_INTERNAL;
+/* A larger class that may lend to cls and whose entry in heads (a thread cache's bin
+ * heads) holds a free block; 0 if none. Not counted in _keel_central_borrowed_blocks,
+ * which counts blocks lent from slabs. */
+unsigned _keel_central_lender_in(const void* const* heads, unsigned cls) KEEL_INTERNAL;
 uint64_t _keel_central_borrowed_blocks(void) KEEL_INTERNAL;
 /* Lock of cls held: where its next search for a hole to lend starts (NULL: the head). */
 keel_slab_t* _keel_central_lend_cursor(unsigned cls) KEEL_INTERNAL;

@@ -84,7 +84,7 @@ static void print_stats(int fd, const char* title) {
   line(&b, "os_page_size", s.os_page_size);
   line(&b, "huge_page_size", s.huge_page_size);
   uint64_t borrowed = _keel_central_borrowed_blocks();
-  if (borrowed) line(&b, "borrowed_blocks", borrowed); /* central.c: holes lent by larger classes */
+  if (borrowed) line(&b, "borrowed_blocks", borrowed); /* central.c: holes lent from larger classes' slabs */
   keel_thp_counts_t thp;
   _keel_thp_counts(&thp);
   if (thp.collapses || thp.refused) { /* KEEL_THP=dense */

@@ -438,9 +438,26 @@ static void test_borrow(void) {
     if (b[i] == cold) cold_at = i;
   CHECK(cold_at >= 0 && !live[cold_at]);
   if (cold_at >= 0) lent[cold_at] = true;
+  /* A free block of the lender in a thread's own bin is lent first (no lock, not
+   * counted); only a lender that may lend qualifies. */
+  {
+    static const void* heads[KEEL_NUM_CLASSES];
+    CHECK(_keel_central_lender_in(heads, mine) == 0);
+    heads[lender] = b[0];
+    CHECK(_keel_central_lender_in(heads, mine) == lender);
+    CHECK(_keel_central_lender_in(heads, keel_size_class(900)) == 0); /* more than twice */
+    __atomic_store_n(&lcl->take_tick, now, __ATOMIC_RELAXED); /* taking, few holes */
+    CHECK(_keel_central_lender_in(heads, mine) == 0);
+    __atomic_store_n(&lcl->take_tick, now - 2 * IDLE, __ATOMIC_RELAXED);
+  }
   /* Under meshing the holes are left to the mesher. */
   DRAIN();
   __atomic_store_n(&_keel_options.mesh, KEEL_MESH_ON, __ATOMIC_RELAXED);
+  {
+    static const void* heads[KEEL_NUM_CLASSES];
+    heads[lender] = b[0];
+    CHECK(_keel_central_lender_in(heads, mine) == 0);
+  }
   void* meshing = malloc(1500);
   __atomic_store_n(&_keel_options.mesh, KEEL_MESH_OFF, __ATOMIC_RELAXED);
   CHECK(malloc_usable_size(meshing) == 1536 && _keel_central_borrowed_blocks() == borrowed0 + 1);
