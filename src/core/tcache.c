@@ -222,6 +222,15 @@ static void* central_alloc_one(unsigned cls) {
   return p;
 }
 
+/* The first block of a bin that has one, handed out. */
+static void* bin_pop(keel_tcache_t* t, unsigned cls) {
+  void** p = (void**)t->head[cls];
+  t->head[cls] = p[0];
+  t->bin[cls].avail++;
+  p[1] = NULL;
+  return p;
+}
+
 void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) {
 #if KEEL_DEBUG >= 2
   static _Thread_local unsigned verify_tick;
@@ -237,13 +246,7 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) {
    * searching the slabs each time, 12-13 ns from the bin). */
   if (may_borrow && !_keel_central_has_free(cls)) {
     unsigned lender = t != NULL ? _keel_central_lender_in((const void* const*)t->head, cls) : 0;
-    if (lender != 0) {
-      void** p = (void**)t->head[lender];
-      t->head[lender] = p[0];
-      t->bin[lender].avail++;
-      p[1] = NULL;
-      return p;
-    }
+    if (lender != 0) return bin_pop(t, lender);
     void* p = _keel_central_borrow(cls);
     if (p != NULL) return p;
   }
@@ -265,11 +268,7 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) {
     t->bin[cls].avail -= got;
     bin_grow(t, cls);
   }
-  void** p = (void**)t->head[cls];
-  t->head[cls] = p[0];
-  t->bin[cls].avail++;
-  p[1] = NULL;
-  return p;
+  return bin_pop(t, cls);
 }
 
 void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
