@@ -2,9 +2,10 @@
  *
  * Their descriptors live in a hash table keyed by address, not in a header before the
  * block: any alignment works, and a stray pointer never makes Keel read unmapped
- * memory. Freed mappings are kept (committed) in a small cache for the purge delay,
- * because a program that allocates big buffers tends to do so again soon, and a fresh
- * mapping costs a page fault per page. realloc uses mremap: no copy. */
+ * memory. Freed mappings are kept (committed) in a small cache for the purge delay
+ * while big blocks are in demand (cache_cold), because a program that allocates big
+ * buffers tends to do so again soon, and a fresh mapping costs a page fault per page.
+ * realloc uses mremap: no copy. */
 #include "core/internal.h"
 
 typedef struct huge_entry_s {
@@ -30,6 +31,7 @@ static size_t cache_count;
 static uint64_t live_bytes, cached_bytes, huge_purged;
 static uint64_t taken_bytes; /* ever handed out, for the forked child's purger (init.c) */
 static uint32_t thp_epoch; /* bumped by every run-time KEEL_THP change (huge lock held) */
+static uint64_t last_take_ms; /* the last huge allocation or growth (huge lock held) */
 
 /* True if [a, a + n) holds a whole aligned huge page: otherwise the kernel cannot back
  * any of it with one, and advice would only cost a system call (and split the mapping).
@@ -104,6 +106,15 @@ static void table_remove(huge_entry_t* e) {
     }
   }
 }
+
+/* The cache is cold once no huge block has been allocated or grown for half the purge
+ * delay: what it holds then is memory the program is done with (Redis frees its old
+ * hash table when a rehash completes, long after it allocated the new one), and
+ * keeping it for the rest of the delay only shows as RSS - glibc unmaps such blocks at
+ * once. A cold cache takes no freed mapping and the purger empties it at its next tick.
+ * A program that allocates big buffers again within half the delay finds them cached;
+ * one that comes back later pays the faults at most once per half delay. Lock held. */
+static bool cache_cold(uint64_t now_ms) { return now_ms - last_take_ms >= _keel_options.purge_delay_ms / 2; }
 
 static size_t round_pages(size_t n) { return (n + _keel_page_size - 1) & ~(_keel_page_size - 1); }
 
@@ -212,6 +223,7 @@ void* _keel_huge_alloc(size_t size, size_t align, bool zero) {
   size_t dirty = 0;
   keel_lock(&huge_lock);
   uint32_t epoch = thp_epoch;
+  last_take_ms = _keel_prim_clock_ms();
   if (align <= _keel_page_size) p = cache_take(bytes, &dirty);
   keel_unlock(&huge_lock);
   if (p == NULL) {
@@ -258,7 +270,8 @@ bool _keel_huge_free(void* p) {
   live_bytes -= size;
   _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_FREED);
   cached_map_t evict = {p, size, 0}; /* unmapped unless it fits in the cache */
-  if (_keel_options.purge_delay_ms > 0 && size <= CACHE_MAX_BYTES) {
+  uint64_t now = _keel_prim_clock_ms();
+  if (_keel_options.purge_delay_ms > 0 && size <= CACHE_MAX_BYTES && !cache_cold(now)) {
     /* Make room: evict the oldest entries until this one fits. */
     while (cache_count > 0 && (cache_count == CACHE_SLOTS || cached_bytes + size > CACHE_MAX_BYTES)) {
       size_t old = 0;
@@ -272,7 +285,7 @@ bool _keel_huge_free(void* p) {
       __atomic_fetch_add(&huge_purged, gone.size, __ATOMIC_RELAXED);
       keel_lock(&huge_lock);
     }
-    cache[cache_count++] = (cached_map_t){p, size, _keel_prim_clock_ms()};
+    cache[cache_count++] = (cached_map_t){p, size, now};
     cached_bytes += size;
     evict.addr = NULL;
   }
@@ -327,6 +340,7 @@ void* _keel_huge_realloc(void* p, size_t size) {
     _keel_misuse("realloc", "invalid pointer", p, ": not allocated by keel", 0);
   }
   size_t old = e->size;
+  if (bytes > old) last_take_ms = _keel_prim_clock_ms();
   if (bytes <= old && bytes >= old / 2) { /* shrinking a little: keep it as it is */
     keel_unlock(&huge_lock);
     return p;
@@ -356,12 +370,14 @@ void* _keel_huge_realloc(void* p, size_t size) {
   return q;
 }
 
-/* Unmaps cached mappings older than the purge delay (all if `all`). */
+/* Unmaps cached mappings older than the purge delay, all of them if the cache has gone
+ * cold (cache_cold) or if `all`. */
 size_t _keel_huge_purge(bool all) {
   cached_map_t out[CACHE_SLOTS];
   size_t n = 0, released = 0;
   uint64_t now = _keel_prim_clock_ms();
   keel_lock(&huge_lock);
+  all = all || cache_cold(now);
   for (size_t i = 0; i < cache_count;) {
     if (all || now - cache[i].freed_ms >= _keel_options.purge_delay_ms) {
       out[n++] = cache[i];

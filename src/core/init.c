@@ -97,7 +97,6 @@ static void fork_child(void) {
  * recursive. */
 uint64_t _keel_pageheap_dirty_bytes(void);
 uint64_t _keel_pageheap_taken_bytes(void);
-bool _keel_huge_cache_pending(void);
 uint64_t _keel_huge_taken_bytes(void);
 
 bool _keel_purger_deferred;

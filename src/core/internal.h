@@ -395,6 +395,7 @@ bool _keel_huge_free(void* p) KEEL_INTERNAL;               /* false: not a live 
 size_t _keel_huge_usable(const void* p) KEEL_INTERNAL;      /* 0: not a live huge block */
 void* _keel_huge_realloc(void* p, size_t size) KEEL_INTERNAL; /* NULL: caller falls back */
 size_t _keel_huge_purge(bool all) KEEL_INTERNAL;
+bool _keel_huge_cache_pending(void) KEEL_INTERNAL; /* the cache holds freed mappings */
 /* A block in a mapping its caller made and keeps (the checked mode's guarded blocks):
  * it is found, sized and counted like a huge block of `size` bytes, but huge.c never
  * unmaps, caches or remaps it. Adopt: false if out of memory. Disown: the page map says

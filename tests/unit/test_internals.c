@@ -191,6 +191,44 @@ static void test_huge_table(void) {
   CHECK(_keel_huge_free(p));
 }
 
+/* A freed huge block stays cached for the purge delay while big blocks are being
+ * allocated; once none has been for half the delay the cache is cold: a freed one is
+ * unmapped at once and the purger empties the cache without waiting out the delay. */
+static void test_huge_cache_cold(void) {
+  TEST_SECTION("huge cache: kept while big blocks are in demand, released once cold");
+  keel_options_t saved = _keel_options;
+  _keel_options.background_purge = false; /* only this test purges */
+  _keel_options.purge_delay_ms = 2000;    /* cold after 1 s */
+  _keel_huge_purge(true);
+  const size_t size = 2 << 20;
+  void* a = _keel_huge_alloc(size, 0, false);
+  CHECK(a != NULL && _keel_huge_free(a));
+  CHECK(_keel_huge_cache_pending()); /* freed just after an allocation: cached */
+  CHECK(_keel_huge_purge(false) == 0); /* younger than the delay, and the cache is hot */
+  void* b = _keel_huge_alloc(size, 0, false);
+  CHECK(b == a); /* the cached mapping served it */
+  CHECK(!_keel_huge_cache_pending());
+  usleep(1100 * 1000); /* nothing allocated for more than half the delay */
+  CHECK(_keel_huge_free(b));
+  CHECK(!_keel_huge_cache_pending()); /* cold: unmapped at once */
+  void* c = _keel_huge_alloc(size, 0, false);
+  CHECK(c != NULL && _keel_huge_free(c));
+  CHECK(_keel_huge_cache_pending());
+  usleep(1100 * 1000); /* half the delay, not the whole */
+  CHECK(_keel_huge_purge(false) == size); /* cold: released before its delay is up */
+  CHECK(!_keel_huge_cache_pending());
+  /* Growing a block by realloc is demand too. */
+  void* d = _keel_huge_alloc(size, 0, false);
+  void* e = _keel_huge_alloc(size, 0, false);
+  usleep(1100 * 1000);
+  d = _keel_huge_realloc(d, 2 * size);
+  CHECK(d != NULL && _keel_huge_free(e));
+  CHECK(_keel_huge_cache_pending());
+  CHECK(_keel_huge_free(d));
+  _keel_huge_purge(true);
+  _keel_options = saved;
+}
+
 static void test_options(void) {
   TEST_SECTION("options from the environment");
   keel_options_t saved = _keel_options;
@@ -631,6 +669,7 @@ int main(void) {
   test_pageheap();
   test_central();
   test_huge_table();
+  test_huge_cache_cold();
   test_options();
   test_thread_cache();
   test_fine_classes();
