@@ -34,6 +34,9 @@ def _summary_table(snap: live.Snapshot, rss_kib: int, prev: live.Snapshot | None
     if prev is not None and dt > 0:
         rate = f"  (+{_mib((purged - prev.stats['purged_bytes']) / dt)}/s)"
     t.add_row("purged", _mib(purged) + rate, f"returned to the OS in {s['purge_runs']} passes")
+    if snap.borrowed_blocks:  # layout 7; left out when 0, as KEEL_STATS=1 does
+        t.add_row("borrowed", f"{snap.borrowed_blocks:,} blocks",
+                  "blocks lent by larger classes' slabs")
     for name in ("central", "page heap"):
         lk = (snap.locks or {}).get(name)
         if not lk:
@@ -137,6 +140,8 @@ def cmd_stats(args) -> int:
     if args.json:
         doc = {"pid": snap.pid, "rss_bytes": rss * 1024, **snap.stats, "locks": snap.locks or {},
                "classes": [c.__dict__ for c in snap.classes if c.slabs or c.blocks_in_use]}
+        if snap.borrowed_blocks is not None:  # layout 7; keel_stats_json's name
+            doc["borrowed_blocks"] = snap.borrowed_blocks
         mesh_doc = mesh_stats_doc(snap.mesh_stats)
         if mesh_doc is not None:
             doc["mesh_stats"] = mesh_doc

@@ -9,7 +9,7 @@
  * PID` `profile_request` (the heap profile is written to
  * KEEL_PROFILE_PREFIX.<pid>.req<n>.heap, named in profile_path), and `keel stats PID
  * --mesh` `mesh_request` (the meshing estimate). Nobody looking costs a few loads per
- * purger tick. The layout is fixed (version 6) and documented in docs/design.md; the
+ * purger tick. The layout is fixed (version 7) and documented in docs/design.md; the
  * lab reads it. */
 #include "core/internal.h"
 
@@ -49,6 +49,9 @@ typedef struct keel_published_s {
   keel_mesh_estimate_t mesh[MESH_ROWS];
   /* Layout 5: meshing itself (keel_mesh_stats), refreshed with the statistics. */
   keel_mesh_stats_t mesh_stats;
+  /* Layout 7: _keel_central_borrowed_blocks (docs/design.md "Borrowing"), refreshed
+   * with the statistics. */
+  uint64_t borrowed_blocks;
 } keel_published_t;
 
 _Static_assert(sizeof(keel_stats_t) == 120, "published layout: keel_stats_t is 120 bytes");
@@ -60,6 +63,8 @@ _Static_assert(__builtin_offsetof(keel_published_t, mesh) == 5784 && sizeof(keel
                "published layout 6: mesh rows");
 _Static_assert(__builtin_offsetof(keel_published_t, mesh_stats) == 11040 && sizeof(keel_mesh_stats_t) == 96,
                "published layout 6: mesh statistics");
+/* Layout 7 only appends: readers of 2-6 find everything where it was. */
+_Static_assert(__builtin_offsetof(keel_published_t, borrowed_blocks) == 11136, "published layout 7");
 
 static keel_published_t* pub;
 static char pub_name[32];
@@ -83,6 +88,7 @@ static KEEL_COLD void refresh(keel_published_t* p) {
   size_t nl = keel_stats_locks(ls, 8);
   keel_mesh_stats_t ms;
   keel_mesh_stats(&ms);
+  uint64_t borrowed = _keel_central_borrowed_blocks();
   __atomic_fetch_add(&p->seq, 1, __ATOMIC_ACQ_REL); /* odd: writing */
   p->stats = s;
   memcpy(p->classes, cs, n * sizeof cs[0]);
@@ -94,6 +100,7 @@ static KEEL_COLD void refresh(keel_published_t* p) {
   }
   p->nlocks = (uint32_t)(nl < 8 ? nl : 8);
   p->mesh_stats = ms;
+  p->borrowed_blocks = borrowed;
   p->updated_ms = _keel_prim_clock_ms();
   __atomic_fetch_add(&p->seq, 1, __ATOMIC_RELEASE); /* even: consistent */
 }
@@ -115,7 +122,7 @@ static void create(void) {
   make_name();
   keel_published_t* p = (keel_published_t*)_keel_prim_publish_create(pub_name, sizeof *p);
   if (p == NULL) return;
-  p->layout_version = 6;
+  p->layout_version = 7;
   p->header_size = (uint32_t)__builtin_offsetof(keel_published_t, classes);
   p->pid = (uint64_t)_keel_prim_getpid();
   /* No figures yet (updated_ms 0): a reader asks for them, and a process nobody asks
