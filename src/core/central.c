@@ -546,26 +546,6 @@ static void drain_transfer(keel_central_t* cl, unsigned cls) {
   }
 }
 
-void _keel_central_drain_all(void) {
-  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
-    keel_central_t* cl = &_keel_central[cls];
-    keel_lock(&cl->lock);
-    drain_transfer(cl, cls);
-    /* An empty slab kept to avoid churn is released too. */
-    for (int sampled = 0; sampled < 2; sampled++) {
-      keel_slab_t* next;
-      for (keel_slab_t* s = sampled ? cl->sampled_partial : cl->partial; s != NULL; s = next) {
-        next = s->next;
-        if (s->used == 0 && slab_releasable(s)) {
-          partial_remove(cl, s);
-          slab_release(cls, s);
-        }
-      }
-    }
-    keel_unlock(&cl->lock);
-  }
-}
-
 /* Lock held. Purges every OS page of slab s whose blocks are all free in the slab (a
  * block that spans two pages keeps both). After deletes, most memory sits in slabs
  * that still hold a few live blocks: this is how it goes back to the OS. */
@@ -595,6 +575,33 @@ static bool trim_allowed(unsigned cls, keel_slab_t* s) {
   if (s->used * 2 > _keel_classes[cls].count) return false;
   _keel_pageheap_demote(base, s->units);
   return true;
+}
+
+size_t _keel_central_purge_all(uint32_t max_trims) {
+  uint64_t before = __atomic_load_n(&trimmed_bytes, __ATOMIC_RELAXED);
+  bool trim = _keel_thp_purge_granule() <= _keel_page_size; /* as in _keel_central_decay */
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
+    keel_central_t* cl = &_keel_central[cls];
+    keel_lock(&cl->lock);
+    drain_transfer(cl, cls);
+    /* An empty slab kept to avoid churn is released; the free pages of the others are
+     * purged without waiting for their slab to go quiet. */
+    for (int sampled = 0; sampled < 2; sampled++) {
+      keel_slab_t* next;
+      for (keel_slab_t* s = sampled ? cl->sampled_partial : cl->partial; s != NULL; s = next) {
+        next = s->next;
+        if (s->used == 0 && slab_releasable(s)) {
+          partial_remove(cl, s);
+          slab_release(cls, s);
+        } else if (trim && s->needs_trim && max_trims > 0 && trim_allowed(cls, s)) {
+          max_trims--;
+          trim_slab(cls, s);
+        }
+      }
+    }
+    keel_unlock(&cl->lock);
+  }
+  return (size_t)(__atomic_load_n(&trimmed_bytes, __ATOMIC_RELAXED) - before);
 }
 
 /* Slabs of a cold class (see cold_ticks) trimmed per tick while blocks keep coming back

@@ -343,7 +343,13 @@ void* _keel_central_take_sampled(unsigned cls) KEEL_INTERNAL;
 /* True if block p (of class cls) is free in its slab: proves a double free. */
 bool _keel_central_is_free(unsigned cls, void* p) KEEL_INTERNAL;
 /* Returns the transfer caches' batches to their slabs so empty slabs can be released. */
-void _keel_central_drain_all(void) KEEL_INTERNAL;
+/* Returns free memory of every class now, not on the purger's timer: transfer caches
+ * back to their slabs, empty slabs to the page heap, and the free pages of up to
+ * max_trims partly used slabs purged. Returns the bytes purged. */
+size_t _keel_central_purge_all(uint32_t max_trims) KEEL_INTERNAL;
+/* All of Keel's free memory back to the OS now (keel_purge, `keel purge PID`, before a
+ * fork), at most max_trims partly used slabs trimmed; bytes released (init.c). */
+size_t _keel_purge_now(uint32_t max_trims) KEEL_INTERNAL;
 /* The same for classes whose transfer cache has not been used for `idle_ticks`; and the
  * OS pages inside partly used slabs that hold only free blocks, untouched for as long,
  * go back to the OS - or, in a cold class (one that has taken no blocks for half as

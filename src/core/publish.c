@@ -169,8 +169,7 @@ void _keel_publish_exit(void) {
  * the purger's, resident in every process, for requests that almost never come. Cold:
  * with the other rarely run code, outside the first window of text (src/hot_text.ld). */
 static KEEL_COLD void answer_purge(keel_published_t* p, uint64_t purge) {
-  _keel_central_drain_all();
-  p->purged_on_request = _keel_pageheap_purge(true) + _keel_huge_purge(true);
+  p->purged_on_request = _keel_purge_now(UINT32_MAX);
   refresh(p);
   __atomic_store_n(&p->purge_answered, purge, __ATOMIC_RELEASE);
 }

@@ -245,8 +245,7 @@ KEEL_API const char* keel_version(void) { return "0.1.0"; }
 KEEL_API size_t keel_purge(void) {
   keel_ensure_init();
   _keel_tcache_thread_flush();
-  _keel_central_drain_all();
-  return _keel_pageheap_purge(true) + _keel_huge_purge(true);
+  return _keel_purge_now(UINT32_MAX);
 }
 
 KEEL_API void keel_thread_flush(void) { _keel_tcache_thread_flush(); }

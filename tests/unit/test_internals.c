@@ -2,6 +2,7 @@
  * static library so the hidden internal functions are reachable. */
 #include <malloc.h>
 #include <pthread.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/internal.h"
@@ -165,7 +166,7 @@ static void test_central(void) {
   for (void* p = second; p; p = *(void**)p) rest++;
   _keel_central_give(cls, second, rest);
   _keel_central_give(cls, list3, got3);
-  _keel_central_drain_all();
+  _keel_central_purge_all(0); /* back to the slabs, nothing trimmed */
   CHECK(_keel_central[cls].out == 0);
 }
 
@@ -414,6 +415,58 @@ static void test_busy_trim(void) {
   _keel_options.background_purge = true;
 }
 
+/* keel_purge() and a fork give back now what the purger would give back later: the
+ * blocks in this thread's cache, and the free pages of partly used slabs (a forked
+ * child keeps every page it inherits). */
+static unsigned cached_in_bin(unsigned cls) {
+  keel_tcache_t* t = _keel_tc;
+  return t == &_keel_tc_empty ? 0 : t->bin[cls].max - t->bin[cls].avail;
+}
+
+static void fill_and_thin(void** b, int n, unsigned* cls) {
+  for (int i = 0; i < n; i++) {
+    b[i] = malloc(1000);
+    memset(b[i], 1, 1000);
+  }
+  *cls = keel_span_head(keel_chunk_of(b[0]), keel_unit_index(b[0]))->cls;
+  for (int i = 0; i < n; i++) /* one block in 16 stays: most pages hold free blocks only */
+    if (i % 16) free(b[i]);
+}
+
+static void test_purge_now(void) {
+  TEST_SECTION("keel_purge and fork return cached blocks and free pages of partly used slabs");
+  _keel_options.background_purge = false; /* only the calls under test may purge */
+  enum { N = 1024 };
+  static void* b[N];
+  bool small_pages = _keel_page_size * 4 <= KEEL_UNIT_SIZE; /* else no page of a slab empties */
+  unsigned cls;
+  fill_and_thin(b, N, &cls);
+  CHECK(cached_in_bin(cls) > 0);
+  uint64_t before = _keel_central_trimmed_bytes();
+  size_t released = keel_purge();
+  uint64_t trimmed = _keel_central_trimmed_bytes() - before;
+  CHECK(cached_in_bin(cls) == 0);
+  if (small_pages) CHECK_MSG(trimmed >= (uint64_t)N * 1000 / 2, "keel_purge trimmed %llu bytes",
+                             (unsigned long long)trimmed);
+  CHECK(released >= trimmed);
+  for (int i = 0; i < N; i += 16) free(b[i]);
+
+  fill_and_thin(b, N, &cls);
+  CHECK(cached_in_bin(cls) > 0);
+  before = _keel_central_trimmed_bytes();
+  pid_t pid = fork();
+  if (pid == 0) _exit(cached_in_bin(cls) == 0 ? 0 : 1); /* the child inherits an empty bin */
+  int status = -1;
+  CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  trimmed = _keel_central_trimmed_bytes() - before;
+  CHECK(cached_in_bin(cls) == 0);
+  if (small_pages) CHECK_MSG(trimmed >= (uint64_t)N * 1000 / 2, "fork trimmed %llu bytes",
+                             (unsigned long long)trimmed);
+  for (int i = 0; i < N; i += 16) free(b[i]);
+  _keel_options.background_purge = true;
+}
+
 /* Borrowing (central.c): a class that would take a new slab gets a free block of a
  * larger class instead - one that has gone cold, or has an eighth of its blocks free -
  * but only a block that shares its pages with blocks in use; never from a class that is
@@ -578,7 +631,7 @@ static void test_borrow(void) {
   free(meshing);
   free(aligned);
   _keel_tcache_thread_flush();
-  _keel_central_drain_all();
+  _keel_central_purge_all(0); /* back to the slabs, nothing trimmed */
   CHECK(lcl->out == 0);
   _keel_verify();
 #undef DRAIN
@@ -675,6 +728,7 @@ int main(void) {
   test_fine_classes();
   test_uncached_class();
   test_busy_trim();
+  test_purge_now();
   test_borrow();
   test_verify();
   test_stats_api();
