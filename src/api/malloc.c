@@ -113,6 +113,10 @@ static KEEL_NOINLINE void free_slow(void* p, const char* call) {
     _keel_checked_free(p, call);
     return;
   }
+  if (kind == KEEL_KIND_CARVED) { /* a carved block, or one of its slab's own */
+    kind = (uint8_t)_keel_central_carved_free(p, call);
+    if (kind == 0) return;
+  }
   if (kind >= 1 && kind < KEEL_NUM_CLASSES) {
     unsigned cls = kind;
     if (((uintptr_t)p & 15) != 0) {

@@ -66,6 +66,7 @@ static keel_slab_t* slab_new(unsigned cls, bool sampled) {
   s->busy_trim_tick = 0;
   s->meshed = 0;
   s->used = 0;
+  s->carved = 0;
   s->scan = 0;
   s->ready = 0; /* bitmap words are written as takes reach them (slab_bits) */
   _keel_central[cls].slabs++;
@@ -408,51 +409,283 @@ unsigned _keel_central_lender_in(const void* const* heads, unsigned cls) {
   return 0;
 }
 
+/* ---- carving ------------------------------------------------------------------------
+ * Borrowing lends a whole block of at most twice the size. A much smaller class would
+ * waste most of such a block, so it carves one instead: a hole of a class 4 to 64 times
+ * its size (on pages that hold blocks in use, as for borrowing) becomes a row of its own
+ * blocks behind a 32-byte header, and goes back to its class when the last of them is
+ * freed. glibc's heap does the same by splitting a free chunk: Redis overwriting
+ * 700-byte values with 16-byte ones keeps its RSS there, where a heap of size classes
+ * takes new slabs. The lender's slab marks the hole in a second bitmap (the words after
+ * its free bitmap, in the same row of the chunk header; s->carved counts the holes) and
+ * its units get the page-map tag KEEL_KIND_CARVED, so every free in them takes the slow
+ * path, which tells a carved block from one of the slab's own under the lender's lock.
+ * Carved blocks are handed out one at a time and never enter a cache; what borrowing
+ * leaves out (aligned requests, the profiler, meshing) carving leaves out too, and
+ * meshing passes carved slabs by (their page-map tag is not their class). */
+#define CARVE_HEADER 32
+#define CARVE_MIN 4  /* blocks a carved hole holds at least */
+#define CARVE_MAX 64 /* and at most: one bitmap word */
+
+typedef struct keel_carve_s {
+  struct keel_carve_s* next; /* the class's list of carved holes with free blocks */
+  struct keel_carve_s* prev;
+  uint64_t free;             /* bit i: block i is free */
+  uint8_t cls;
+  uint8_t count;
+  uint8_t used;
+  uint8_t listed;
+} keel_carve_t;
+_Static_assert(sizeof(keel_carve_t) <= CARVE_HEADER, "a carved hole's header must fit its 32 bytes");
+
+static keel_carve_t* carve_partial[KEEL_NUM_CLASSES]; /* under the class's lock */
+static void slab_put(keel_central_t* cl, unsigned cls, void* p);
+static uint64_t carved_holes;                         /* holes carved now */
+/* Per class, under its lock: carved blocks of it handed out, holes carved out of it
+ * (counted in its `out`, but holding other classes' blocks: statistics). */
+static uint32_t carved_blocks[KEEL_NUM_CLASSES], carved_from[KEEL_NUM_CLASSES];
+
+/* The carved-hole bitmap of slab s (of class k) follows its free bitmap: word w of it is
+ * bitmap word words + w, which the row has room for while 2 * words <= 64. */
+static unsigned bitmap_words(const keel_class_t* k) { return (k->count + 63) / 64; }
+static bool can_carve_from(const keel_class_t* k) {
+  return 2 * bitmap_words(k) <= KEEL_SLAB_MAX_OBJECTS / 64;
+}
+
+/* Lender's lock held: marks block idx of slab s carved (the first of the slab tags its
+ * units, after clearing the bitmap). False if the page map refuses. */
+static bool carve_mark(keel_slab_t* s, const keel_class_t* k, size_t idx) {
+  unsigned words = bitmap_words(k);
+  if (s->carved == 0) {
+    for (unsigned w = 0; w < words; w++) KEEL_SLAB_BITS(s, words + w) = 0;
+    if (!_keel_pagemap_set((uintptr_t)slab_base(keel_chunk_of(s), s), s->units, KEEL_KIND_CARVED))
+      return false;
+  }
+  KEEL_SLAB_BITS(s, words + idx / 64) |= (uint64_t)1 << (idx % 64);
+  s->carved++;
+  carved_from[s->cls]++;
+  return true;
+}
+
+static void carve_list_push(unsigned cls, keel_carve_t* d) {
+  d->prev = NULL;
+  d->next = carve_partial[cls];
+  if (d->next) d->next->prev = d;
+  __atomic_store_n(&carve_partial[cls], d, __ATOMIC_RELAXED);
+  d->listed = 1;
+}
+
+static void carve_list_remove(unsigned cls, keel_carve_t* d) {
+  if (d->prev) d->prev->next = d->next;
+  else __atomic_store_n(&carve_partial[cls], d->next, __ATOMIC_RELAXED);
+  if (d->next) d->next->prev = d->prev;
+  d->listed = 0;
+}
+
+/* Class cls's lock held: a block of carved hole d. */
+static void* carve_take_block(unsigned cls, keel_carve_t* d) {
+  unsigned i = (unsigned)__builtin_ctzll(d->free);
+  d->free &= d->free - 1;
+  d->used++;
+  __atomic_store_n(&carved_blocks[cls], carved_blocks[cls] + 1, __ATOMIC_RELAXED);
+  if (d->free == 0) carve_list_remove(cls, d);
+  void** p = (void**)((char*)d + CARVE_HEADER + (size_t)i * _keel_classes[cls].size);
+  p[1] = NULL;
+  return p;
+}
+
+/* A hole of class lender (see slab_take_hole), if it can lend one now; NULL if not.
+ * With carve, the hole is marked carved in its slab (below) under the lender's lock. */
+static void* take_hole(unsigned lender, uint32_t now, uint32_t cold, bool carve) {
+  keel_central_t* cl = &_keel_central[lender];
+  const keel_class_t* k = &_keel_classes[lender];
+  if (__atomic_load_n(&cl->partial, __ATOMIC_RELAXED) == NULL || !can_lend(cl, k, now, cold) ||
+      __atomic_load_n(&lend_miss_tick[lender], __ATOMIC_RELAXED) == now + 1)
+    return NULL;
+  unsigned budget = BORROW_CANDIDATES;
+  /* Never wait for a lender: threads that borrow at once, or a lender busy with its
+   * own traffic, make this request take a slab as it would have. */
+  if (!keel_trylock(&cl->lock)) return NULL;
+  long idx = -1;
+  /* The search goes round the partial list from where the last one stopped, so the
+   * slabs at its head, once lent out, do not end every search. */
+  keel_slab_t** cursor = &lend_cursor[lender];
+  keel_slab_t* s = NULL;
+  if (can_lend(cl, k, now, cold) && cl->partial != NULL) {
+    s = *cursor != NULL ? *cursor : cl->partial;
+    for (unsigned n = 0; n < BORROW_SLABS && budget > 0; n++) {
+      if (!s->meshed && (idx = slab_take_hole(s, k, &budget)) >= 0) break;
+      s = s->next != NULL ? s->next : cl->partial;
+    }
+    *cursor = s;
+  }
+  if (idx < 0 || (carve && !carve_mark(s, k, (size_t)idx))) {
+    if (idx >= 0) { /* the page map refused: the hole goes back */
+      KEEL_SLAB_BITS(s, idx / 64) |= (uint64_t)1 << (idx % 64);
+      s->used--;
+    }
+    keel_unlock(&cl->lock);
+    __atomic_store_n(&lend_miss_tick[lender], now + 1, __ATOMIC_RELAXED);
+    return NULL;
+  }
+  void** p = (void**)((char*)slab_base(keel_chunk_of(s), s) + (size_t)idx * k->size);
+  if (s->used == k->count) partial_remove(cl, s);
+  cl->out++;
+  bool exhausted = cl->partial == NULL;
+  keel_unlock(&cl->lock);
+  if (KEEL_UNLIKELY(exhausted && __atomic_load_n(&_keel_class_group_pending[lender], __ATOMIC_RELAXED)))
+    _keel_classes_coarse_exhausted(lender);
+  p[1] = NULL;
+  return p;
+}
+
 void* _keel_central_borrow(unsigned cls) {
   uint32_t now, cold;
   if (!borrowing(&now, &cold)) return NULL;
   uint64_t most = (uint64_t)_keel_classes[cls].size * BORROW_SPAN;
   for (unsigned lender = cls + 1; lender < KEEL_NUM_CLASSES && _keel_classes[lender].size <= most; lender++) {
-    keel_central_t* cl = &_keel_central[lender];
-    const keel_class_t* k = &_keel_classes[lender];
-    if (__atomic_load_n(&cl->partial, __ATOMIC_RELAXED) == NULL || !can_lend(cl, k, now, cold) ||
-        __atomic_load_n(&lend_miss_tick[lender], __ATOMIC_RELAXED) == now + 1)
-      continue;
-    unsigned budget = BORROW_CANDIDATES;
-    /* Never wait for a lender: threads that borrow at once, or a lender busy with its
-     * own traffic, make this request take a slab as it would have. */
-    if (!keel_trylock(&cl->lock)) continue;
-    long idx = -1;
-    /* The search goes round the partial list from where the last one stopped, so the
-     * slabs at its head, once lent out, do not end every search. */
-    keel_slab_t** cursor = &lend_cursor[lender];
-    keel_slab_t* s = NULL;
-    if (can_lend(cl, k, now, cold) && cl->partial != NULL) {
-      s = *cursor != NULL ? *cursor : cl->partial;
-      for (unsigned n = 0; n < BORROW_SLABS && budget > 0; n++) {
-        if (!s->meshed && (idx = slab_take_hole(s, k, &budget)) >= 0) break;
-        s = s->next != NULL ? s->next : cl->partial;
-      }
-      *cursor = s;
+    void* p = take_hole(lender, now, cold, false);
+    if (p != NULL) {
+      __atomic_add_fetch(&borrowed_blocks, 1, __ATOMIC_RELAXED);
+      return p;
     }
-    if (idx < 0) {
-      keel_unlock(&cl->lock);
-      __atomic_store_n(&lend_miss_tick[lender], now + 1, __ATOMIC_RELAXED);
-      continue;
-    }
-    void** p = (void**)((char*)slab_base(keel_chunk_of(s), s) + (size_t)idx * k->size);
-    if (s->used == k->count) partial_remove(cl, s);
-    cl->out++;
-    bool exhausted = cl->partial == NULL;
+  }
+  return NULL;
+}
+
+void* _keel_central_carve(unsigned cls) {
+  const keel_class_t* kc = &_keel_classes[cls];
+  keel_central_t* cl = &_keel_central[cls];
+  if (__atomic_load_n(&carve_partial[cls], __ATOMIC_RELAXED) != NULL) {
+    keel_lock(&cl->lock);
+    void* p = carve_partial[cls] != NULL ? carve_take_block(cls, carve_partial[cls]) : NULL;
     keel_unlock(&cl->lock);
-    __atomic_add_fetch(&borrowed_blocks, 1, __ATOMIC_RELAXED);
-    if (KEEL_UNLIKELY(exhausted && __atomic_load_n(&_keel_class_group_pending[lender], __ATOMIC_RELAXED)))
-      _keel_classes_coarse_exhausted(lender);
-    p[1] = NULL;
+    if (p != NULL) return p;
+  }
+  uint32_t now, cold;
+  if (!borrowing(&now, &cold)) return NULL;
+  uint64_t least = CARVE_HEADER + (uint64_t)CARVE_MIN * kc->size;
+  uint64_t most = CARVE_HEADER + (uint64_t)CARVE_MAX * kc->size;
+  for (unsigned lender = cls + 1; lender < KEEL_NUM_CLASSES && _keel_classes[lender].size <= most; lender++) {
+    const keel_class_t* k = &_keel_classes[lender];
+    if (k->size < least || !can_carve_from(k)) continue;
+    keel_carve_t* d = (keel_carve_t*)take_hole(lender, now, cold, true);
+    if (d == NULL) continue;
+    __atomic_add_fetch(&carved_holes, 1, __ATOMIC_RELAXED);
+    unsigned count = (unsigned)((k->size - CARVE_HEADER) / kc->size);
+    if (count > CARVE_MAX) count = CARVE_MAX;
+    d->cls = (uint8_t)cls;
+    d->count = (uint8_t)count;
+    d->used = 0;
+    d->listed = 0;
+    d->free = count == 64 ? ~(uint64_t)0 : ((uint64_t)1 << count) - 1;
+    keel_lock(&cl->lock);
+    carve_list_push(cls, d);
+    void* p = carve_take_block(cls, d);
+    keel_unlock(&cl->lock);
     return p;
   }
   return NULL;
 }
+
+/* The carved hole that block p (in a unit tagged KEEL_KIND_CARVED) lies in, or NULL if p
+ * is in one of the slab's own blocks; *lender gets the slab's class. */
+static keel_carve_t* carved_hole_of(const void* p, unsigned* lender) {
+  keel_slab_t* s = slab_of(p);
+  unsigned cls = s->cls;
+  const keel_class_t* k = &_keel_classes[cls];
+  keel_central_t* cl = &_keel_central[cls];
+  keel_carve_t* d = NULL;
+  keel_lock(&cl->lock);
+  if (s->state == KEEL_UNIT_SLAB && s->cls == cls && s->carved > 0) {
+    char* base = (char*)slab_base(keel_chunk_of(s), s);
+    uint64_t idx = ((uint64_t)((uintptr_t)p - (uintptr_t)base) * k->div_magic) >> 40;
+    unsigned words = bitmap_words(k);
+    if (idx < k->count && (KEEL_SLAB_BITS(s, words + idx / 64) >> (idx % 64)) & 1)
+      d = (keel_carve_t*)(base + idx * k->size);
+  }
+  keel_unlock(&cl->lock);
+  *lender = cls;
+  return d;
+}
+
+/* Index of block p in carved hole d, or -1 if p is not the start of one of its blocks. */
+static long carved_index(const keel_carve_t* d, const void* p) {
+  size_t size = _keel_classes[d->cls].size;
+  uintptr_t first = (uintptr_t)d + CARVE_HEADER;
+  if ((uintptr_t)p < first || ((uintptr_t)p - first) % size != 0) return -1;
+  size_t i = ((uintptr_t)p - first) / size;
+  return i < d->count ? (long)i : -1;
+}
+
+/* Hole d's last block came back: the hole goes back to its class. */
+static void carve_release(keel_carve_t* d) {
+  keel_slab_t* s = slab_of(d);
+  unsigned lender = s->cls;
+  const keel_class_t* k = &_keel_classes[lender];
+  keel_central_t* cl = &_keel_central[lender];
+  keel_lock(&cl->lock);
+  char* base = (char*)slab_base(keel_chunk_of(s), s);
+  size_t idx = (size_t)((char*)d - base) / k->size;
+  KEEL_SLAB_BITS(s, bitmap_words(k) + idx / 64) &= ~((uint64_t)1 << (idx % 64));
+  if (--s->carved == 0) _keel_pagemap_set((uintptr_t)base, s->units, (uint8_t)lender);
+  carved_from[lender]--;
+  __atomic_sub_fetch(&carved_holes, 1, __ATOMIC_RELAXED);
+  ((void**)d)[0] = NULL;
+  slab_put(cl, lender, d);
+  keel_unlock(&cl->lock);
+}
+
+unsigned _keel_central_carved_free(void* p, const char* call) {
+  unsigned lender;
+  keel_carve_t* d = carved_hole_of(p, &lender);
+  if (d == NULL) return lender;
+  unsigned cls = d->cls;
+  keel_central_t* cl = &_keel_central[cls];
+  keel_lock(&cl->lock);
+  long i = carved_index(d, p);
+  if (i < 0) {
+    keel_unlock(&cl->lock);
+    _keel_misuse(call, "invalid pointer", p, ": not the start of a block", _keel_classes[cls].size);
+  }
+  uint64_t bit = (uint64_t)1 << i;
+  if (d->free & bit) {
+    keel_unlock(&cl->lock);
+    _keel_misuse(call, "double free of pointer", p, NULL, _keel_classes[cls].size);
+  }
+  d->free |= bit;
+  __atomic_store_n(&carved_blocks[cls], carved_blocks[cls] - 1, __ATOMIC_RELAXED);
+  bool empty = --d->used == 0;
+  if (empty && d->listed) carve_list_remove(cls, d);
+  else if (!empty && !d->listed) carve_list_push(cls, d);
+  keel_unlock(&cl->lock);
+  if (empty) carve_release(d);
+  return 0;
+}
+
+size_t _keel_central_carved_size(const void* p, const char* call) {
+  unsigned lender;
+  keel_carve_t* d = carved_hole_of(p, &lender);
+  if (d == NULL) return _keel_classes[lender].size;
+  if (carved_index(d, p) < 0)
+    _keel_misuse(call, "invalid pointer", p, ": not the start of a block", _keel_classes[d->cls].size);
+  return _keel_classes[d->cls].size;
+}
+
+bool _keel_central_verify_carved(unsigned cls) {
+  for (keel_carve_t* d = carve_partial[cls]; d != NULL; d = d->next) {
+    if (d->cls != cls || !d->listed || d->free == 0 || d->count < CARVE_MIN || d->count > CARVE_MAX ||
+        d->used + (unsigned)__builtin_popcountll(d->free) != d->count)
+      return false;
+    keel_slab_t* s = slab_of(d);
+    if (s->state != KEEL_UNIT_SLAB || s->carved == 0 || keel_pagemap_get(d) != KEEL_KIND_CARVED) return false;
+  }
+  return true;
+}
+
+uint64_t _keel_central_carved_holes(void) { return __atomic_load_n(&carved_holes, __ATOMIC_RELAXED); }
+uint32_t _keel_central_carved_blocks(unsigned cls) { return __atomic_load_n(&carved_blocks[cls], __ATOMIC_RELAXED); }
+uint32_t _keel_central_carved_from(unsigned cls) { return carved_from[cls]; }
 
 keel_slab_t* _keel_central_lend_cursor(unsigned cls) { return lend_cursor[cls]; }
 

@@ -82,6 +82,8 @@
                                      sample; the class is the slab's (keel_sampled_class) */
 #define KEEL_KIND_GUARD 0x84      /* checked mode: first unit of a guarded block's guard
                                      pages, live or in the quarantine (checked.c) */
+#define KEEL_KIND_CARVED 0x85     /* a unit of a slab some of whose free blocks were carved
+                                     into blocks of a smaller class (central.c) */
 _Static_assert(KEEL_NUM_CLASSES <= 0x80, "a class is a positive int8_t in the page map");
 
 /* ---- size classes (size_class.c) ------------------------------------------------------ */
@@ -152,7 +154,8 @@ typedef struct keel_slab_s {
   uint8_t sampled;   /* slab: holds heap-profile samples only */
   uint8_t needs_trim; /* slab: blocks came back since its free pages were last purged */
   uint8_t meshed;    /* slab: some of its pages may be mesh views (mesh.c) */
-  uint32_t used;     /* slab: blocks out of the slab (live or in a cache) */
+  uint16_t used;     /* slab: blocks out of the slab (live, in a cache, or carved) */
+  uint16_t carved;   /* slab: its blocks carved into smaller classes' (central.c) */
   uint16_t scan;     /* slab: first bitmap word that may have a free bit */
   uint16_t ready;    /* slab: bitmap words written so far; the rest are wholly free */
   uint32_t put_tick; /* slab: purger tick when a block last came back */
@@ -335,6 +338,21 @@ void* _keel_central_borrow(unsigned cls) KEEL_INTERNAL;
  * heads) holds a free block; 0 if none. Not counted in _keel_central_borrowed_blocks,
  * which counts blocks lent from slabs. */
 unsigned _keel_central_lender_in(const void* const* heads, unsigned cls) KEEL_INTERNAL;
+/* A block of class cls carved out of a free block of a class 4-64 times its size
+ * (central.c, "carving"); NULL if none. Never through a bin. */
+void* _keel_central_carve(unsigned cls) KEEL_INTERNAL;
+/* free of p, in a unit tagged KEEL_KIND_CARVED: frees it if it is a carved block and
+ * returns 0; else returns its slab's class, for the caller to free it as any other. */
+unsigned _keel_central_carved_free(void* p, const char* call) KEEL_INTERNAL;
+/* Usable size of the block at p, in a unit tagged KEEL_KIND_CARVED. */
+size_t _keel_central_carved_size(const void* p, const char* call) KEEL_INTERNAL;
+uint64_t _keel_central_carved_holes(void) KEEL_INTERNAL; /* holes carved now */
+/* Carved blocks of class cls handed out (read any time), and holes carved out of cls's
+ * slabs (its lock held): statistics count the first as cls's, not the second. */
+uint32_t _keel_central_carved_blocks(unsigned cls) KEEL_INTERNAL;
+uint32_t _keel_central_carved_from(unsigned cls) KEEL_INTERNAL;
+/* Central lock of cls held: its list of carved holes is consistent (verify.c). */
+bool _keel_central_verify_carved(unsigned cls) KEEL_INTERNAL;
 uint64_t _keel_central_borrowed_blocks(void) KEEL_INTERNAL;
 /* Lock of cls held: where its next search for a hole to lend starts (NULL: the head). */
 keel_slab_t* _keel_central_lend_cursor(unsigned cls) KEEL_INTERNAL;

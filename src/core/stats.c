@@ -15,7 +15,8 @@ uint64_t _keel_checked_quarantine_bytes(void);
  * the first second). A racy read is enough: a class that gets its first slab meanwhile
  * is reported as it was a moment before. */
 __attribute__((no_sanitize("thread"))) static bool class_empty(const keel_central_t* cl) {
-  return __atomic_load_n(&cl->slabs, __ATOMIC_RELAXED) == 0 && __atomic_load_n(&cl->nbatches, __ATOMIC_RELAXED) == 0;
+  return __atomic_load_n(&cl->slabs, __ATOMIC_RELAXED) == 0 && __atomic_load_n(&cl->nbatches, __ATOMIC_RELAXED) == 0 &&
+         _keel_central_carved_blocks((unsigned)(cl - _keel_central)) == 0;
 }
 
 void _keel_stats_collect(keel_stats_t* out) {
@@ -29,7 +30,9 @@ void _keel_stats_collect(keel_stats_t* out) {
     const keel_class_t* k = &_keel_classes[cls];
     if (class_empty(cl)) continue;
     keel_lock(&cl->lock);
-    in_slabs += cl->out * k->size;
+    /* Holes carved out of this class's slabs count as the blocks carved from them. */
+    in_slabs += (cl->out - _keel_central_carved_from(cls)) * k->size +
+                (uint64_t)_keel_central_carved_blocks(cls) * k->size;
     slab_bytes += cl->slabs * k->units * KEEL_UNIT_SIZE;
     transfer += (uint64_t)cl->nbatches * k->batch * k->size;
     keel_unlock(&cl->lock);
@@ -85,6 +88,8 @@ static void print_stats(int fd, const char* title) {
   line(&b, "huge_page_size", s.huge_page_size);
   uint64_t borrowed = _keel_central_borrowed_blocks();
   if (borrowed) line(&b, "borrowed_blocks", borrowed); /* central.c: holes lent from larger classes' slabs */
+  uint64_t carved = _keel_central_carved_holes();
+  if (carved) line(&b, "carved_holes", carved); /* central.c: holes carved into smaller blocks */
   keel_thp_counts_t thp;
   _keel_thp_counts(&thp);
   if (thp.collapses || thp.refused) { /* KEEL_THP=dense */
@@ -143,7 +148,8 @@ KEEL_API size_t keel_stats_classes(keel_class_stats_t* out, size_t max) {
     uint64_t cached = in_caches[cls] + (uint64_t)cl->nbatches * k->batch;
     out[n].block_size = k->size;
     out[n].blocks_cached = cached;
-    out[n].blocks_in_use = cl->out > cached ? cl->out - cached : 0;
+    uint64_t out_blocks = cl->out - _keel_central_carved_from(cls) + _keel_central_carved_blocks(cls);
+    out[n].blocks_in_use = out_blocks > cached ? out_blocks - cached : 0;
     out[n].slabs = cl->slabs;
     out[n].slab_bytes = cl->slabs * k->units * KEEL_UNIT_SIZE;
     keel_unlock(&cl->lock);
@@ -204,6 +210,7 @@ KEEL_API size_t keel_stats_json(char* out, size_t size) {
   json_field(&b, "os_page_size", s.os_page_size, true);
   json_field(&b, "huge_page_size", s.huge_page_size, true);
   json_field(&b, "borrowed_blocks", _keel_central_borrowed_blocks(), true);
+  json_field(&b, "carved_holes", _keel_central_carved_holes(), true);
   keel_lock_stats_t ls[LOCK_KINDS];
   keel_stats_locks(ls, LOCK_KINDS);
   _keel_buf_str(&b, "\"locks\":{");
@@ -220,7 +227,7 @@ KEEL_API size_t keel_stats_json(char* out, size_t size) {
   _keel_buf_str(&b, "\"classes\":[");
   bool first = true;
   for (size_t i = 0; i < n; i++) {
-    if (cs[i].slabs == 0 && cs[i].blocks_cached == 0) continue; /* unused classes */
+    if (cs[i].slabs == 0 && cs[i].blocks_cached == 0 && cs[i].blocks_in_use == 0) continue; /* unused */
     if (!first) _keel_buf_str(&b, ",");
     first = false;
     _keel_buf_str(&b, "{");

@@ -248,6 +248,7 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) {
     unsigned lender = t != NULL ? _keel_central_lender_in((const void* const*)t->head, cls) : 0;
     if (lender != 0) return bin_pop(t, lender);
     void* p = _keel_central_borrow(cls);
+    if (p == NULL) p = _keel_central_carve(cls);
     if (p != NULL) return p;
   }
   if (t == NULL || t->bin[cls].max == 0) /* cacheless, or an uncached class */

@@ -71,6 +71,7 @@ void* _keel_alloc_any(size_t n, size_t align, bool zero, bool via_cache) {
 size_t _keel_usable_size(const void* p, const char* call) {
   uint8_t kind = keel_pagemap_get(p);
   if (kind >= 1 && kind < KEEL_NUM_CLASSES) return _keel_classes[kind].size;
+  if (kind == KEEL_KIND_CARVED) return _keel_central_carved_size(p, call);
   unsigned sampled = keel_sampled_class(p, kind);
   if (sampled) return _keel_classes[sampled].size;
   size_t n = 0;

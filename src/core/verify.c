@@ -23,12 +23,25 @@ static void verify_slab(keel_chunk_t* c, unsigned k, keel_slab_t* s, uint64_t* u
   if (kc->count % 64) VERIFY((keel_slab_word(s, kc->count, words - 1) >> (kc->count % 64)) == 0);
   VERIFY(free_blocks + s->used == kc->count);
   VERIFY(s->in_partial == (s->used < kc->count) || s->used == 0);
+  uint32_t carved = 0; /* the carved-hole bitmap follows the free one (central.c) */
+  for (unsigned w = 0; s->carved > 0 && w < words; w++)
+    carved += (uint32_t)__builtin_popcountll(KEEL_SLAB_BITS(s, words + w));
+  VERIFY(carved == s->carved && !(s->carved && s->sampled));
   for (unsigned u = 0; u < s->units; u++) {
     VERIFY(c->units[k + u].head == k);
     VERIFY(keel_pagemap_get(keel_unit_addr(c, k + u)) ==
-           (s->sampled ? KEEL_KIND_SAMPLED : cls));
+           (s->sampled ? KEEL_KIND_SAMPLED : s->carved ? KEEL_KIND_CARVED : cls));
   }
   used_by_class[cls] += s->used;
+}
+
+/* The class of a cached block from its page-map tag: a slab with carved holes keeps
+ * its own blocks (never the carved ones) in caches. */
+static unsigned tag_class(const void* q) {
+  uint8_t tag = keel_pagemap_get(q);
+  if (tag != KEEL_KIND_CARVED) return tag;
+  keel_slab_t* s = keel_span_head(keel_chunk_of(q), keel_unit_index(q));
+  return s->carved > 0 ? s->cls : 0;
 }
 
 void _keel_verify(void) {
@@ -77,7 +90,7 @@ void _keel_verify(void) {
     for (uint32_t b = 0; b < cl->nbatches; b++) {
       uint32_t n = 0;
       for (void** q = (void**)cl->batches[b]; q != NULL; q = (void**)q[0], n++) {
-        VERIFY(keel_pagemap_get(q) == cls);
+        VERIFY(tag_class(q) == cls);
       }
       VERIFY(n == kc->batch);
     }
@@ -89,6 +102,7 @@ void _keel_verify(void) {
       cursor_found |= s == cursor;
     }
     VERIFY(cursor_found); /* borrowing's cursor is a slab of the partial list */
+    VERIFY(_keel_central_verify_carved(cls));
     for (keel_slab_t* s = cl->sampled_partial; s != NULL; s = s->next) {
       VERIFY(s->state == KEEL_UNIT_SLAB && s->cls == cls && s->in_partial && s->sampled);
       VERIFY(s->used < kc->count);
@@ -105,7 +119,7 @@ void _keel_verify(void) {
     /* (Blocks refilled from a slab have never been handed out, so they need not
      * carry the free key yet.) */
     for (void** q = (void**)t->head[cls]; q != NULL; q = (void**)q[0], n++) {
-      VERIFY(keel_pagemap_get(q) == cls);
+      VERIFY(tag_class(q) == cls);
       VERIFY(n <= t->bin[cls].max);
     }
     VERIFY(n == (uint32_t)(t->bin[cls].max - t->bin[cls].avail));

@@ -194,7 +194,9 @@ static void check_blk(const blk_t* b, const char* when) {
 /* Keel's page map must still describe a live block as live. */
 static void check_kind(const blk_t* b) {
   uint8_t k = keel_pagemap_get(b->p);
-  int ok = (k >= 1 && k < KEEL_NUM_CLASSES) || k == KEEL_KIND_LARGE || k == KEEL_KIND_HUGE;
+  /* (CARVED: a slab whose holes hold blocks of smaller classes, the block one of either.) */
+  int ok = (k >= 1 && k < KEEL_NUM_CLASSES) || k == KEEL_KIND_LARGE || k == KEEL_KIND_HUGE ||
+           k == KEEL_KIND_CARVED;
   if (!ok)
     FAIL("live block %p (size %zu, usable %zu, align %zu): page map says 0x%02x", (void*)b->p,
          b->n, b->usable, b->align, k);

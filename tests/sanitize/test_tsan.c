@@ -365,6 +365,75 @@ static void borrow_phase(void) {
   for (int i = 0; i < LENDER_BLOCKS; i++) keel_free(lender_blocks[i]);
 }
 
+/* Carving: blocks of 48 bytes carved out of the holes of the 704-byte class by two
+ * threads, each freeing half of what the other took, while a third uses the lender's
+ * own blocks (their frees take the slow path of a carved slab). */
+enum { CARVE_LENDERS = 2048, CARVES = 1024 };
+static void* carve_lender_blocks[CARVE_LENDERS];
+static void* carved[2][CARVES];
+static pthread_barrier_t carve_barrier;
+static unsigned long long json_count(const char* key);
+static unsigned long long carved_at_barrier;
+
+static void* carver(void* arg) {
+  int me = (int)(intptr_t)arg;
+  for (int i = 0; i < CARVES; i++) {
+    carved[me][i] = keel_malloc(40);
+    CHECK(carved[me][i] != NULL && keel_malloc_usable_size(carved[me][i]) == 48);
+    if (carved[me][i]) memset(carved[me][i], 0x30 + me, 40);
+  }
+  if (pthread_barrier_wait(&carve_barrier) == PTHREAD_BARRIER_SERIAL_THREAD)
+    __atomic_store_n(&carved_at_barrier, json_count("\"carved_holes\":"), __ATOMIC_RELAXED);
+  pthread_barrier_wait(&carve_barrier); /* counted before any is freed */
+  /* Mine with even indexes, the other's with odd ones. */
+  for (int i = 0; i < CARVES; i++) {
+    void* p = carved[i % 2 == 0 ? me : 1 - me][i];
+    const unsigned char* c = p;
+    CHECK(c[0] == 0x30 + (i % 2 == 0 ? me : 1 - me) && c[39] == c[0]);
+    keel_free(p);
+  }
+  return NULL;
+}
+
+static void* carve_lender_user(void* arg) {
+  (void)arg;
+  for (int i = 0; i < CARVE_LENDERS; i += 4) { /* the live ones, freed and taken again */
+    keel_free(carve_lender_blocks[i]);
+    carve_lender_blocks[i] = keel_malloc(700);
+    CHECK(carve_lender_blocks[i] != NULL);
+  }
+  return NULL;
+}
+
+static unsigned long long json_count(const char* key) {
+  char json[32 * 1024];
+  keel_stats_json(json, sizeof json);
+  const char* at = strstr(json, key);
+  return at ? strtoull(at + strlen(key), NULL, 10) : 0;
+}
+
+static void carve_phase(void) {
+  for (int i = 0; i < CARVE_LENDERS; i++) carve_lender_blocks[i] = keel_malloc(700);
+  for (int i = 0; i < CARVE_LENDERS; i++)
+    if (i % 4 != 0) {
+      keel_free(carve_lender_blocks[i]);
+      carve_lender_blocks[i] = NULL;
+    }
+  keel_thread_flush();
+  usleep(100 * 1000); /* the purger has ticked (carving, as borrowing, needs its clock) */
+  pthread_barrier_init(&carve_barrier, NULL, 2);
+  pthread_t t[3];
+  CHECK(pthread_create(&t[0], NULL, carver, (void*)(intptr_t)0) == 0);
+  CHECK(pthread_create(&t[1], NULL, carver, (void*)(intptr_t)1) == 0);
+  CHECK(pthread_create(&t[2], NULL, carve_lender_user, NULL) == 0);
+  for (int k = 0; k < 3; k++) pthread_join(t[k], NULL);
+  pthread_barrier_destroy(&carve_barrier);
+  unsigned long long left = json_count("\"carved_holes\":");
+  printf("tsan: carving phase: %llu holes carved, %llu left after the frees\n", carved_at_barrier, left);
+  CHECK(carved_at_barrier > 0 && left == 0);
+  for (int i = 0; i < CARVE_LENDERS; i += 4) keel_free(carve_lender_blocks[i]);
+}
+
 int main(void) {
   double scale = stress_scale();
   ops_per_worker = (long)(20000 * scale);
@@ -381,6 +450,7 @@ int main(void) {
   CHECK(first != NULL);
   keel_free(first);
   borrow_phase();
+  carve_phase();
 
   for (int i = 0; i < NWORKERS; i++) pthread_mutex_init(&inbox[i].mu, NULL);
   pthread_t w[NWORKERS], st;
