@@ -1,8 +1,8 @@
 """Reading a running Keel process's statistics from outside, without stopping it.
 
 A process under Keel (after its first second) has /dev/shm/keel-<pid>, mode 0600, laid
-out as below (layout version 7, little-endian; see src/core/publish.c and docs/design.md
-"Statistics another process can read"; layouts 2 to 6 are still read). A reader bumps
+out as below (layout version 8, little-endian; see src/core/publish.c and docs/design.md
+"Statistics another process can read"; layouts 2 to 7 are still read). A reader bumps
 `request`; the process's purger thread refreshes the figures within ~250 ms under a
 sequence lock and copies `request` to `answered`. `purge_request` works the same way
 and makes the process return its free memory to the OS.
@@ -25,11 +25,12 @@ STATS = struct.Struct("<II" + "Q" * len(STATS_FIELDS))  # keel_stats_t: 120 byte
 CLASS = struct.Struct("<QQQQQ")  # keel_class_stats_t
 OFF_REQUEST, OFF_ANSWERED, OFF_PURGE_REQ, OFF_PURGE_ANS, OFF_SEQ = 24, 32, 40, 48, 56
 OFF_PROFILE_REQ, OFF_PROFILE_ANS, OFF_PROFILE_PATH = 80, 88, 96
-LAYOUT_VERSION = 7
+LAYOUT_VERSION = 8
 # 2: without the lock counters; 3: without the mesh estimate; 4: without the mesh stats;
 # 5: 120 classes and 72 mesh rows (6: 127 and 73), so everything after the classes sits
-# 280 bytes earlier and the mesh statistics 352; 6: without borrowed_blocks.
-LAYOUTS_READ = (2, 3, 4, 5, 6, 7)
+# 280 bytes earlier and the mesh statistics 352; 6: without borrowed_blocks; 7: without
+# carved_holes.
+LAYOUTS_READ = (2, 3, 4, 5, 6, 7, 8)
 LOCK = struct.Struct("<QQQ")  # acquired, contended, sleeps
 
 
@@ -43,6 +44,10 @@ class Offsets:
     @property
     def borrowed(self) -> int:  # layout 7: borrowed_blocks, appended after the mesh stats
         return self.mesh_stats + MESH_STATS.size
+
+    @property
+    def carved(self) -> int:  # layout 8: carved_holes, appended after borrowed_blocks
+        return self.borrowed + 8
 
 
 OFFSETS_5 = Offsets(nlocks=5280, mesh_req=5480, mesh_rows=72, mesh_stats=10688)
@@ -98,6 +103,9 @@ class Snapshot:
     # Blocks a size class took from a larger class's free holes instead of a new slab
     # (layout 7; None before): docs/design.md "Borrowing".
     borrowed_blocks: int | None = None
+    # Free blocks of larger classes carved into blocks of a smaller one, now (layout 8;
+    # None before): docs/design.md "Carving".
+    carved_holes: int | None = None
 
 
 def parse_mesh_stats(buf, offset: int = OFFSETS_6.mesh_stats) -> dict:
@@ -183,9 +191,11 @@ def _read_consistent(m, pid: int) -> Snapshot:
                       if header[1] >= 5 and len(m) >= off.mesh_stats + MESH_STATS.size else None)
         borrowed = (struct.unpack_from("<Q", m, off.borrowed)[0]
                     if header[1] >= 7 and len(m) >= off.borrowed + 8 else None)
+        carved = (struct.unpack_from("<Q", m, off.carved)[0]
+                  if header[1] >= 8 and len(m) >= off.carved + 8 else None)
         if struct.unpack_from("<Q", m, OFF_SEQ)[0] == seq1:
             return Snapshot(pid, dict(zip(STATS_FIELDS, st[2:])), classes, updated_ms, purged, locks,
-                            mesh_stats, header[1], borrowed)
+                            mesh_stats, header[1], borrowed, carved)
     raise LiveError("could not read a consistent snapshot")
 
 

@@ -37,6 +37,9 @@ def _summary_table(snap: live.Snapshot, rss_kib: int, prev: live.Snapshot | None
     if snap.borrowed_blocks:  # layout 7; left out when 0, as KEEL_STATS=1 does
         t.add_row("borrowed", f"{snap.borrowed_blocks:,} blocks",
                   "blocks lent by larger classes' slabs")
+    if snap.carved_holes:  # layout 8; left out when 0, as KEEL_STATS=1 does
+        t.add_row("carved", f"{snap.carved_holes:,} holes",
+                  "larger classes' free blocks holding smaller blocks")
     for name in ("central", "page heap"):
         lk = (snap.locks or {}).get(name)
         if not lk:
@@ -142,6 +145,8 @@ def cmd_stats(args) -> int:
                "classes": [c.__dict__ for c in snap.classes if c.slabs or c.blocks_in_use]}
         if snap.borrowed_blocks is not None:  # layout 7; keel_stats_json's name
             doc["borrowed_blocks"] = snap.borrowed_blocks
+        if snap.carved_holes is not None:  # layout 8; keel_stats_json's name
+            doc["carved_holes"] = snap.carved_holes
         mesh_doc = mesh_stats_doc(snap.mesh_stats)
         if mesh_doc is not None:
             doc["mesh_stats"] = mesh_doc

@@ -92,6 +92,7 @@ def test_stats_json_and_top(hog, keel_path):
         assert 0 < s["locks"]["page heap"]["acquired"] < s["locks"]["central"]["acquired"]
         assert all(v["contended"] <= v["acquired"] for v in s["locks"].values())
         assert s["borrowed_blocks"] >= 0, "libkeel does not publish layout 7"
+        assert s["carved_holes"] >= 0, "libkeel does not publish layout 8"
         t = keel("top", str(p.pid), "--count", "2", "--interval", "0.3", check=True)
         assert t.stdout.count("busiest size classes") == 2 and "112 B" in t.stdout
         assert t.stdout.count("central lock") == 2
@@ -243,14 +244,16 @@ def test_stats_mesh_estimate(tmp_path, cc, keel_path):
 # not taken from keel_lab.live, so a slip in either shows.
 
 def published_bytes(version: int, pid: int, mesh: tuple | None = None,
-                    borrowed: int = 0) -> bytearray:
+                    borrowed: int = 0, carved: int = 0) -> bytearray:
     """A /dev/shm/keel-<pid> as a Keel of layout `version` writes it: two size classes,
     two locks, `answered` far ahead (a reader's request counts as answered at once),
     for layouts 5 to 7 keel_mesh_stats_t = `mesh` (state, barrier, then 11 counters)
-    and for layout 7 borrowed_blocks = `borrowed`. Layout 6 has 127 classes and 73
-    mesh rows, 5 had 120 and 72; 7 appends borrowed_blocks at 11136."""
+    for layout 7 borrowed_blocks = `borrowed` and for 8 carved_holes = `carved`. Layout 6
+    has 127 classes and 73 mesh rows, 5 had 120 and 72; 7 appends borrowed_blocks at
+    11136, 8 carved_holes at 11144."""
     nlocks, mesh_stats = (5560, 11040) if version >= 6 else (5280, 10688)
-    buf = bytearray(mesh_stats + (96 if version >= 5 else 0) + (8 if version >= 7 else 0))
+    buf = bytearray(mesh_stats + (96 if version >= 5 else 0) + (8 if version >= 7 else 0) +
+                    (8 if version >= 8 else 0))
     struct.pack_into("<QIIQ", buf, 0, live.MAGIC, version, 480, pid)
     struct.pack_into("<Q", buf, 32, 1 << 40)                 # answered
     struct.pack_into("<QQQ", buf, 56, 2, 123456, 0)           # seq (even), updated_ms, purged
@@ -267,6 +270,8 @@ def published_bytes(version: int, pid: int, mesh: tuple | None = None,
         struct.pack_into("<II11Q", buf, mesh_stats, *mesh)
     if version >= 7:
         struct.pack_into("<Q", buf, 11136, borrowed)
+    if version >= 8:
+        struct.pack_into("<Q", buf, 11144, carved)
     return buf
 
 
@@ -285,9 +290,9 @@ def fake_published(tmp_path, monkeypatch):
     return write
 
 
-@pytest.mark.parametrize("version", [5, 6, 7])
+@pytest.mark.parametrize("version", [5, 6, 7, 8])
 def test_parse_mesh_stats(fake_published, version):
-    assert live.LAYOUT_VERSION == 7 and set(live.LAYOUTS_READ) == {2, 3, 4, 5, 6, 7}
+    assert live.LAYOUT_VERSION == 8 and set(live.LAYOUTS_READ) == {2, 3, 4, 5, 6, 7, 8}
     pid = fake_published(published_bytes(version, os.getpid(), MESH_ON))
     snap = live.read(pid, timeout=0.5)
     assert snap.layout == version
@@ -311,7 +316,7 @@ def test_older_layouts_still_read(fake_published, version):
     assert bool(snap.locks) == (version >= 3)
 
 
-@pytest.mark.parametrize("version", [5, 6, 7])
+@pytest.mark.parametrize("version", [5, 6, 7, 8])
 def test_parse_borrowed_blocks(fake_published, version):
     pid = fake_published(published_bytes(version, os.getpid(), MESH_ON, borrowed=12345))
     snap = live.read(pid, timeout=0.5)
@@ -323,8 +328,20 @@ def test_parse_borrowed_blocks(fake_published, version):
     assert live._read_consistent(short, 42).borrowed_blocks is None
 
 
+@pytest.mark.parametrize("version", [7, 8])
+def test_parse_carved_holes(fake_published, version):
+    pid = fake_published(published_bytes(version, os.getpid(), MESH_ON, borrowed=12345, carved=678))
+    snap = live.read(pid, timeout=0.5)
+    assert snap.layout == version and snap.borrowed_blocks == 12345  # the field before it, unmoved
+    assert snap.carved_holes == (678 if version >= 8 else None)
+    # a layout-8 file cut short before the field: no figure rather than garbage
+    short = bytes(published_bytes(8, 42, MESH_ON, borrowed=12345, carved=678))[:-8]
+    snap = live._read_consistent(short, 42)
+    assert snap.carved_holes is None and snap.borrowed_blocks == 12345
+
+
 def test_unknown_layout_refused(fake_published):
-    pid = fake_published(published_bytes(8, os.getpid(), MESH_ON))
+    pid = fake_published(published_bytes(9, os.getpid(), MESH_ON))
     with pytest.raises(live.LiveError, match="known layout"):
         live.read(pid, timeout=0.5)
 
@@ -441,3 +458,24 @@ def test_stats_show_meshing_of_a_real_process(tmp_path, cc, keel_path):
         assert "meshing (KEEL_MESH=on" in text and "given back" in text
     finally:
         stop(p)
+
+
+def test_stats_shows_carved_holes(fake_published, capsys):
+    pid = fake_published(published_bytes(8, os.getpid(), (0,) * 13, carved=678))
+    _stats_cmd(pid, True)
+    assert json.loads(capsys.readouterr().out)["carved_holes"] == 678
+    _stats_cmd(pid, False)
+    out = capsys.readouterr().out
+    assert "carved" in out and "678 holes" in out and "smaller blocks" in out
+
+
+@pytest.mark.parametrize("version,carved", [(8, 0), (7, 678)])
+def test_stats_without_carved_holes(fake_published, capsys, version, carved):
+    # 0 (layout 8) is in the JSON but not the table; layout 7 has neither
+    pid = fake_published(published_bytes(version, os.getpid(), (0,) * 13, carved=carved))
+    _stats_cmd(pid, True)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc.get("carved_holes") == (0 if version >= 8 else None)
+    _stats_cmd(pid, False)
+    out = capsys.readouterr().out
+    assert "busiest size classes" in out and "carved" not in out

@@ -52,6 +52,9 @@ typedef struct keel_published_s {
   /* Layout 7: _keel_central_borrowed_blocks (docs/design.md "Borrowing"), refreshed
    * with the statistics. */
   uint64_t borrowed_blocks;
+  /* Layout 8: _keel_central_carved_holes (docs/design.md "Carving"), refreshed with the
+   * statistics. */
+  uint64_t carved_holes;
 } keel_published_t;
 
 _Static_assert(sizeof(keel_stats_t) == 120, "published layout: keel_stats_t is 120 bytes");
@@ -65,6 +68,8 @@ _Static_assert(__builtin_offsetof(keel_published_t, mesh_stats) == 11040 && size
                "published layout 6: mesh statistics");
 /* Layout 7 only appends: readers of 2-6 find everything where it was. */
 _Static_assert(__builtin_offsetof(keel_published_t, borrowed_blocks) == 11136, "published layout 7");
+/* Layout 8 appends too. */
+_Static_assert(__builtin_offsetof(keel_published_t, carved_holes) == 11144, "published layout 8");
 
 static keel_published_t* pub;
 static char pub_name[32];
@@ -89,6 +94,7 @@ static KEEL_COLD void refresh(keel_published_t* p) {
   keel_mesh_stats_t ms;
   keel_mesh_stats(&ms);
   uint64_t borrowed = _keel_central_borrowed_blocks();
+  uint64_t carved = _keel_central_carved_holes();
   __atomic_fetch_add(&p->seq, 1, __ATOMIC_ACQ_REL); /* odd: writing */
   p->stats = s;
   memcpy(p->classes, cs, n * sizeof cs[0]);
@@ -101,6 +107,7 @@ static KEEL_COLD void refresh(keel_published_t* p) {
   p->nlocks = (uint32_t)(nl < 8 ? nl : 8);
   p->mesh_stats = ms;
   p->borrowed_blocks = borrowed;
+  p->carved_holes = carved;
   p->updated_ms = _keel_prim_clock_ms();
   __atomic_fetch_add(&p->seq, 1, __ATOMIC_RELEASE); /* even: consistent */
 }
@@ -122,7 +129,7 @@ static void create(void) {
   make_name();
   keel_published_t* p = (keel_published_t*)_keel_prim_publish_create(pub_name, sizeof *p);
   if (p == NULL) return;
-  p->layout_version = 7;
+  p->layout_version = 8;
   p->header_size = (uint32_t)__builtin_offsetof(keel_published_t, classes);
   p->pid = (uint64_t)_keel_prim_getpid();
   /* No figures yet (updated_ms 0): a reader asks for them, and a process nobody asks
