@@ -686,6 +686,8 @@ static void test_carve(void) {
     memset(got[j], 2, mk->size);
   }
   CHECK(malloc_usable_size(b[0]) == lk->size); /* the slab's own blocks keep their class */
+  CHECK(realloc(got[2], 44) == got[2]); /* in place, as any block that still fits */
+  CHECK(realloc(b[0], lk->size - 8) == b[0]);
   _keel_verify();
   /* One of the slab's own blocks freed among carved ones goes back as any other. */
   free(b[0]);
