@@ -337,11 +337,12 @@ static void* lender_user(void* arg) {
   return NULL;
 }
 
-static unsigned long long borrowed_blocks(void) {
+/* A counter of keel_stats_json, by its key with quotes and colon. */
+static unsigned long long json_count(const char* key) {
   char json[32 * 1024];
   keel_stats_json(json, sizeof json);
-  const char* at = strstr(json, "\"borrowed_blocks\":");
-  return at ? strtoull(at + strlen("\"borrowed_blocks\":"), NULL, 10) : 0;
+  const char* at = strstr(json, key);
+  return at ? strtoull(at + strlen(key), NULL, 10) : 0;
 }
 
 static void borrow_phase(void) {
@@ -353,13 +354,13 @@ static void borrow_phase(void) {
     }
   keel_thread_flush(); /* the holes go back to their slabs */
   usleep(100 * 1000);  /* the purger has ticked (borrowing needs its clock) */
-  unsigned long long before = borrowed_blocks();
+  unsigned long long before = json_count("\"borrowed_blocks\":");
   pthread_t t[3];
   CHECK(pthread_create(&t[0], NULL, borrower, NULL) == 0);
   CHECK(pthread_create(&t[1], NULL, borrower, NULL) == 0);
   CHECK(pthread_create(&t[2], NULL, lender_user, NULL) == 0);
   for (int k = 0; k < 3; k++) pthread_join(t[k], NULL);
-  unsigned long long lent = borrowed_blocks() - before;
+  unsigned long long lent = json_count("\"borrowed_blocks\":") - before;
   printf("tsan: borrowing phase: %llu blocks lent\n", lent);
   CHECK(lent > 0);
   for (int i = 0; i < LENDER_BLOCKS; i++) keel_free(lender_blocks[i]);
@@ -372,7 +373,6 @@ enum { CARVE_LENDERS = 2048, CARVES = 1024 };
 static void* carve_lender_blocks[CARVE_LENDERS];
 static void* carved[2][CARVES];
 static pthread_barrier_t carve_barrier;
-static unsigned long long json_count(const char* key);
 static unsigned long long carved_at_barrier;
 
 static void* carver(void* arg) {
@@ -403,13 +403,6 @@ static void* carve_lender_user(void* arg) {
     CHECK(carve_lender_blocks[i] != NULL);
   }
   return NULL;
-}
-
-static unsigned long long json_count(const char* key) {
-  char json[32 * 1024];
-  keel_stats_json(json, sizeof json);
-  const char* at = strstr(json, key);
-  return at ? strtoull(at + strlen(key), NULL, 10) : 0;
 }
 
 static void carve_phase(void) {
