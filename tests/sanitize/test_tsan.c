@@ -345,15 +345,21 @@ static unsigned long long json_count(const char* key) {
   return at ? strtoull(at + strlen(key), NULL, 10) : 0;
 }
 
-static void borrow_phase(void) {
-  for (int i = 0; i < LENDER_BLOCKS; i++) lender_blocks[i] = keel_malloc(2000);
-  for (int i = 0; i < LENDER_BLOCKS; i++)
+/* n blocks of `size`, three in four freed again: holes beside live blocks, back in their
+ * slabs, and a purger tick later (borrowing and carving need its clock). */
+static void make_holes(void** blocks, int n, size_t size) {
+  for (int i = 0; i < n; i++) blocks[i] = keel_malloc(size);
+  for (int i = 0; i < n; i++)
     if (i % 4 != 0) {
-      keel_free(lender_blocks[i]);
-      lender_blocks[i] = NULL;
+      keel_free(blocks[i]);
+      blocks[i] = NULL;
     }
-  keel_thread_flush(); /* the holes go back to their slabs */
-  usleep(100 * 1000);  /* the purger has ticked (borrowing needs its clock) */
+  keel_thread_flush();
+  usleep(100 * 1000);
+}
+
+static void borrow_phase(void) {
+  make_holes(lender_blocks, LENDER_BLOCKS, 2000);
   unsigned long long before = json_count("\"borrowed_blocks\":");
   pthread_t t[3];
   CHECK(pthread_create(&t[0], NULL, borrower, NULL) == 0);
@@ -406,14 +412,7 @@ static void* carve_lender_user(void* arg) {
 }
 
 static void carve_phase(void) {
-  for (int i = 0; i < CARVE_LENDERS; i++) carve_lender_blocks[i] = keel_malloc(700);
-  for (int i = 0; i < CARVE_LENDERS; i++)
-    if (i % 4 != 0) {
-      keel_free(carve_lender_blocks[i]);
-      carve_lender_blocks[i] = NULL;
-    }
-  keel_thread_flush();
-  usleep(100 * 1000); /* the purger has ticked (carving, as borrowing, needs its clock) */
+  make_holes(carve_lender_blocks, CARVE_LENDERS, 700);
   pthread_barrier_init(&carve_barrier, NULL, 2);
   pthread_t t[3];
   CHECK(pthread_create(&t[0], NULL, carver, (void*)(intptr_t)0) == 0);
