@@ -135,6 +135,34 @@ def _need_micro():
                     f"(cmake --build {BUILD} --target keel_bench)")
 
 
+def _measure(tmp_path, code):
+    """Runs `python3 -c code` under bench/measure; returns its report's fields."""
+    rep = tmp_path / "report"
+    r = subprocess.run([str(BUILD / "bench" / "measure"), str(rep), "-", sys.executable, "-c", code],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return {k: int(v) for k, v in (kv.split("=", 1) for kv in rep.read_text().split())}
+
+
+def test_measure_reads_the_peak_exactly_while_running_and_at_exit(tmp_path):
+    """The launcher's peak_kib is read from /proc while the program runs and again as it
+    exits (ptrace exit stop): a peak held for a while, and one built in the program's last
+    moment, are both seen; a signal the program handles still reaches it."""
+    _need_micro()
+    base = _measure(tmp_path, "pass")
+    assert base["status"] == 0 and base["samples"] >= 1 and base["at_exit"] == 1
+    held = _measure(tmp_path, "import time\nb = bytearray(64 << 20)\ntime.sleep(0.2)\ndel b")
+    assert held["peak_kib"] >= base["peak_kib"] + (64 << 10) - 1024, (base, held)
+    assert held["samples"] >= 50
+    # touched and exited at once: only the exit reading can see it
+    last = _measure(tmp_path, "b = bytearray(48 << 20)\nimport os\nos._exit(0)")
+    assert last["at_exit"] == 1 and last["peak_kib"] >= base["peak_kib"] + (48 << 10) - 1024
+    sig = _measure(tmp_path, "import os, signal\nseen = []\n"
+                             "signal.signal(signal.SIGUSR1, lambda *a: seen.append(1))\n"
+                             "os.kill(os.getpid(), signal.SIGUSR1)\nos._exit(3 if not seen else 7)")
+    assert sig["status"] >> 8 == 7
+
+
 def test_bench_micro_quick_end_to_end(tmp_path, jemalloc_path):
     _need_micro()
     out = tmp_path / "micro.json"

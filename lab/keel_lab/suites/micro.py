@@ -157,7 +157,7 @@ class MicroSuite(Suite):
         fields = dict(kv.split("=", 1) for kv in rep.read_text().split())
         code = os.waitstatus_to_exitcode(int(fields["status"]))
         res = {"wall_s": int(fields["wall_ns"]) / 1e9,
-               "rss_peak_kib": int(fields["maxrss_kib"]),
+               "rss_peak_kib": int(fields.get("peak_kib", fields["maxrss_kib"])),
                "cpu_s": (int(fields["utime_us"]) + int(fields["stime_us"])) / 1e6}
         if "cannot be preloaded" in stderr:
             return {"error": f"the dynamic loader could not preload {ctx.allocator.path}:\n"
