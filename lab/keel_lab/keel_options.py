@@ -69,7 +69,8 @@ OPTIONS: tuple[KeelOption, ...] = (
                "25 % slack in a block, but fewer classes in use, so fewer partly used pages "
                "and cached blocks); from then on by all classes (16-byte steps to 1 KiB, "
                "nine per doubling above: 2^b + 2^b/64 for a power of two plus a header, then "
-               "eight steps of 2^b/8). 0: all classes from the start."),
+               "eight steps of 2^b/8), each coarse class's finer ones once it spans 16 slabs "
+               "of its own. 0: all classes from the start."),
     KeelOption("KEEL_CHILD_PURGER", "size (K/M/G)", "4M",
                "A forked child starts its own purger thread only once it has taken this "
                "much memory in spans and huge blocks since the fork (0: at the fork): "

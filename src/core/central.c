@@ -69,7 +69,7 @@ static keel_slab_t* slab_new(unsigned cls, bool sampled) {
   s->carved = 0;
   s->scan = 0;
   s->ready = 0; /* bitmap words are written as takes reach them (slab_bits) */
-  _keel_central[cls].slabs++;
+  __atomic_store_n(&_keel_central[cls].slabs, _keel_central[cls].slabs + 1, __ATOMIC_RELAXED);
   __atomic_add_fetch(&slab_units, k->units, __ATOMIC_RELAXED);
   return s;
 }
@@ -85,7 +85,7 @@ static bool slab_releasable(keel_slab_t* s) {
 static void slab_release(unsigned cls, keel_slab_t* s) {
   keel_chunk_t* c = keel_chunk_of(s);
   _keel_pagemap_set((uintptr_t)slab_base(c, s), s->units, KEEL_KIND_NONE);
-  _keel_central[cls].slabs--;
+  __atomic_store_n(&_keel_central[cls].slabs, _keel_central[cls].slabs - 1, __ATOMIC_RELAXED);
   __atomic_sub_fetch(&slab_units, s->units, __ATOMIC_RELAXED);
   _keel_pageheap_free(s);
 }

@@ -104,13 +104,17 @@ void _keel_classes_init(void) KEEL_INTERNAL;
  * slab, a thread cache bin, a transfer cache), a big heap for the slack inside blocks.
  * So requests are first served by the coarse classes - 16-byte steps up to 128 bytes,
  * then four per doubling - and once Keel's slabs span KEEL_FINE_CLASSES bytes by all
- * the classes (16-byte steps to 1 KiB, nine per doubling above), for good. The fine
+ * the classes (16-byte steps to 1 KiB, nine per doubling above), for good: each coarse
+ * class's group switches once that class spans KEEL_FINE_GROUP_SLABS slabs. The fine
  * class of a request is computed; _keel_class_serving maps it to the class that serves
  * it (itself once fine). Blocks keep their class for life, so the switch needs no
  * synchronisation: a thread that reads an old entry gets a block of a coarse class,
  * which is as valid as ever. Each thread cache holds a copy of the entries up to
  * KEEL_SMALL_MAX for malloc's fast path (one indexed load). */
 extern uint8_t _keel_class_serving[KEEL_NUM_CLASSES] KEEL_INTERNAL;
+/* A coarse class's group switches to its fine classes only once the coarse class spans
+ * this many slabs (size_class.c, group_big). */
+#define KEEL_FINE_GROUP_SLABS 16
 /* 1 for a coarse class that still serves finer classes (size_class.c). */
 extern uint8_t _keel_class_group_pending[KEEL_NUM_CLASSES] KEEL_INTERNAL;
 /* Keel's slabs now span slab_bytes: switch to the fine classes if that is enough. */

@@ -76,8 +76,21 @@ void _keel_classes_init(void) {
   fine = _keel_options.fine_classes == 0;
 }
 
-/* The classes that coarse class c served now serve themselves; false if they did already. */
+/* Whether coarse class c's group has grown enough to be worth its finer classes. Each
+ * class in use costs a partly used slab (a page or more of free blocks, a bin, transfer
+ * batches); what finer classes save is slack, at most 1/8 of the group's bytes. A group
+ * spanning a slab or two therefore holds less as it is: split, its 1-16 KiB blocks took
+ * a 64-256 KiB slab per fine class for a few blocks each (prodcons, one core: 8.1 MiB
+ * against glibc's 4.5). So a group switches only once its coarse class spans
+ * KEEL_FINE_GROUP_SLABS slabs, however big the heap. */
+static bool group_big(unsigned c) {
+  return __atomic_load_n(&_keel_central[c].slabs, __ATOMIC_RELAXED) >= KEEL_FINE_GROUP_SLABS;
+}
+
+/* The classes that coarse class c served now serve themselves; false if they did already
+ * or if the group is not big enough yet. */
 static bool switch_group(unsigned c) {
+  if (!group_big(c)) return false;
   if (!__atomic_exchange_n(&_keel_class_group_pending[c], 0, __ATOMIC_RELAXED)) return false;
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++)
     if (coarse_of[cls] == c) __atomic_store_n(&_keel_class_serving[cls], (uint8_t)cls, __ATOMIC_RELAXED);

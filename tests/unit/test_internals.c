@@ -295,8 +295,19 @@ static void test_thread_cache(void) {
   CHECK(!_keel_tcache_contains(t, cls, p));
 }
 
+/* Takes blocks of coarse class c straight from its slabs until its group has switched
+ * to the fine classes (it spans KEEL_FINE_GROUP_SLABS slabs and has run out), or until
+ * `max` blocks; returns how many it took. */
+static unsigned take_until_switched(unsigned c, void** taken, unsigned max) {
+  unsigned n = 0;
+  while (_keel_class_group_pending[c] && n < max) taken[n++] = _keel_alloc_direct(c);
+  return n;
+}
+
 /* The switch from coarse to fine classes, with a thread cache that exists already and
- * blocks of coarse classes still live: they keep their class and free normally. */
+ * blocks of coarse classes still live: they keep their class and free normally. A
+ * group switches once the heap is big, its coarse class spans KEEL_FINE_GROUP_SLABS
+ * slabs and it has no free block left; a group that stays small keeps its coarse class. */
 static void test_fine_classes(void) {
   TEST_SECTION("coarse then fine size classes");
   keel_tcache_t* t = _keel_tc;
@@ -308,17 +319,20 @@ static void test_fine_classes(void) {
   CHECK(!_keel_classes_are_fine());
   _keel_classes_slabs_grew(_keel_options.fine_classes);
   CHECK(_keel_classes_are_fine());
-  /* The 224-byte class still has free blocks: it serves 200 bytes until they are used.
-   * Classes whose coarse class has none serve themselves at once. */
-  unsigned c224 = keel_fine_class(224), c208 = keel_fine_class(208);
-  CHECK(_keel_central[c224].partial != NULL);
+  /* Both groups are small: the 224-byte class serves 200 bytes on, the 1,280-byte class
+   * a 1,030-byte string. */
+  unsigned c224 = keel_fine_class(224), c208 = keel_fine_class(208), c1280 = keel_fine_class(1280);
+  CHECK(_keel_central[c224].slabs < KEEL_FINE_GROUP_SLABS);
   CHECK(_keel_class_serving[c208] == c224 && _keel_class_group_pending[c224]);
-  CHECK(malloc_usable_size(malloc(1030)) == 1040); /* 1,280's group (leaked: the test ends soon) */
-  CHECK(_keel_class_serving[keel_fine_class(1040)] == keel_fine_class(1040));
-  static void* taken[4096];
-  unsigned ntaken = 0;
-  while (_keel_central[c224].partial != NULL && ntaken < 4096) taken[ntaken++] = _keel_alloc_direct(c224);
-  CHECK(_keel_central[c224].partial == NULL && !_keel_class_group_pending[c224]);
+  void* string = malloc(1030);
+  CHECK(malloc_usable_size(string) == 1280);
+  CHECK(_keel_class_serving[keel_fine_class(1040)] == c1280 && _keel_class_group_pending[c1280]);
+  /* The 224-byte group grows to KEEL_FINE_GROUP_SLABS slabs and runs out: it switches. */
+  static void* taken[8192];
+  unsigned ntaken = take_until_switched(c224, taken, 8192);
+  CHECK(!_keel_class_group_pending[c224]);
+  CHECK(_keel_central[c224].slabs >= KEEL_FINE_GROUP_SLABS && _keel_central[c224].partial == NULL);
+  CHECK(_keel_class_group_pending[c1280]); /* the other group is still small */
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++)
     if (!_keel_class_group_pending[_keel_class_serving[cls]]) CHECK(_keel_class_serving[cls] == cls);
   for (unsigned i = 0; i < KEEL_SMALL_MAX / 16; i++) CHECK(t->class_of[i] == _keel_class_serving[i + 1]);
@@ -326,8 +340,18 @@ static void test_fine_classes(void) {
   void* after = malloc(200);
   CHECK(malloc_usable_size(after) == 208);
   for (unsigned i = 0; i < ntaken; i++) free(taken[i]);
-  /* a power of two plus a header has a class of its own (leaked too) */
-  CHECK(malloc_usable_size(malloc(1041)) == 1152);
+  /* The 1,280-byte group too: then a 1,030-byte string gets the 1,040-byte class, and a
+   * power of two plus a header a class of its own. */
+  ntaken = take_until_switched(c1280, taken, 8192);
+  CHECK(!_keel_class_group_pending[c1280]);
+  void* string2 = malloc(1030);
+  void* big = malloc(1041);
+  CHECK(malloc_usable_size(string2) == 1040 && malloc_usable_size(big) == 1152);
+  CHECK(malloc_usable_size(string) == 1280); /* blocks keep their class */
+  for (unsigned i = 0; i < ntaken; i++) free(taken[i]);
+  free(string);
+  free(string2);
+  free(big);
   free(before);
   free(after);
   _keel_verify();
