@@ -11,6 +11,23 @@ keel_central_t _keel_central[KEEL_NUM_CLASSES];
 uint64_t _keel_ticks;
 static uint64_t trimmed_bytes; /* returned to the OS from inside partly used slabs */
 
+/* Half batches. The bins of a class that spans few slabs move half a batch at a time
+ * (tcache.c, bin_batch). One half batch per class waits here, beside the transfer
+ * cache: a second one given joins it into a whole batch that parks there, and a thread
+ * that wants half a batch takes it, or the front half of a parked batch (the rest then
+ * waits here). So half batches travel between threads in O(batch) under the class lock,
+ * as whole ones do, instead of through the slabs' bitmaps. Written under the class lock,
+ * read without it by the hints (_keel_central_has_free, the decay's skip test). */
+static void* half_batch[KEEL_NUM_CLASSES];
+
+static inline uint32_t half_of(const keel_class_t* k) { return k->batch / 2u; }
+
+void* _keel_central_half_list(unsigned cls) { return half_batch[cls]; }
+
+uint32_t _keel_central_half_blocks(unsigned cls) {
+  return __atomic_load_n(&half_batch[cls], __ATOMIC_RELAXED) != NULL ? half_of(&_keel_classes[cls]) : 0;
+}
+
 static inline void* slab_base(keel_chunk_t* c, keel_slab_t* head) {
   return keel_unit_addr(c, (unsigned)(head - c->units));
 }
@@ -181,6 +198,24 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
     *got = k->batch;
     return list;
   }
+  if (want == half_of(k) && want > 0 && (half_batch[cls] != NULL || cl->nbatches > 0)) {
+    cl->touched = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+    __atomic_store_n(&cl->take_tick, cl->touched, __ATOMIC_RELAXED);
+    void* list = half_batch[cls];
+    if (list != NULL) {
+      __atomic_store_n(&half_batch[cls], NULL, __ATOMIC_RELAXED);
+    } else { /* the front half of a parked batch; its back half waits */
+      __atomic_store_n(&cl->nbatches, cl->nbatches - 1, __ATOMIC_RELAXED);
+      list = cl->batches[cl->nbatches];
+      void** last = (void**)list;
+      for (uint32_t i = 1; i < want; i++) last = (void**)*last;
+      __atomic_store_n(&half_batch[cls], *last, __ATOMIC_RELAXED);
+      *last = NULL;
+    }
+    keel_unlock(&cl->lock);
+    *got = want;
+    return list;
+  }
   void* head = NULL;
   void** tail = (void**)&head;
   uint32_t n = 0;
@@ -213,7 +248,8 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
 bool _keel_central_has_free(unsigned cls) {
   const keel_central_t* cl = &_keel_central[cls];
   return __atomic_load_n(&cl->partial, __ATOMIC_RELAXED) != NULL ||
-         __atomic_load_n(&cl->nbatches, __ATOMIC_RELAXED) != 0;
+         __atomic_load_n(&cl->nbatches, __ATOMIC_RELAXED) != 0 ||
+         __atomic_load_n(&half_batch[cls], __ATOMIC_RELAXED) != NULL;
 }
 
 void* _keel_central_take_sampled(unsigned cls) {
@@ -743,6 +779,21 @@ void _keel_central_give(unsigned cls, void* list, uint32_t n) {
     keel_unlock(&cl->lock);
     return;
   }
+  if (n == half_of(k) && n > 0 && (half_batch[cls] == NULL || cl->nbatches < k->transfer_max)) {
+    cl->touched = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+    if (half_batch[cls] == NULL) {
+      __atomic_store_n(&half_batch[cls], list, __ATOMIC_RELAXED);
+    } else { /* two halves make a batch (half_of: batches are even) */
+      void** last = (void**)list;
+      while (*last != NULL) last = (void**)*last;
+      *last = half_batch[cls];
+      __atomic_store_n(&half_batch[cls], NULL, __ATOMIC_RELAXED);
+      cl->batches[cl->nbatches] = list;
+      __atomic_store_n(&cl->nbatches, cl->nbatches + 1, __ATOMIC_RELAXED);
+    }
+    keel_unlock(&cl->lock);
+    return;
+  }
   while (list != NULL) {
     void* next = *(void**)list;
     slab_put(cl, cls, list);
@@ -762,15 +813,24 @@ bool _keel_central_is_free(unsigned cls, void* p) {
   }
   for (uint32_t b = 0; b < cl->nbatches && !is_free; b++)
     for (void* q = cl->batches[b]; q != NULL && !is_free; q = *(void**)q) is_free = (q == p);
+  for (void* q = half_batch[cls]; q != NULL && !is_free; q = *(void**)q) is_free = (q == p);
   keel_unlock(&cl->lock);
   return is_free;
 }
 
-/* Lock held: the transfer cache's batches go back to their slabs. */
+/* Lock held: the transfer cache's batches and the waiting half batch go back to their
+ * slabs. */
 static void drain_transfer(keel_central_t* cl, unsigned cls) {
-  while (cl->nbatches > 0) {
-    __atomic_store_n(&cl->nbatches, cl->nbatches - 1, __ATOMIC_RELAXED);
-    void* list = cl->batches[cl->nbatches];
+  for (;;) {
+    void* list = half_batch[cls];
+    if (list != NULL) {
+      __atomic_store_n(&half_batch[cls], NULL, __ATOMIC_RELAXED);
+    } else if (cl->nbatches > 0) {
+      __atomic_store_n(&cl->nbatches, cl->nbatches - 1, __ATOMIC_RELAXED);
+      list = cl->batches[cl->nbatches];
+    } else {
+      return;
+    }
     while (list != NULL) {
       void* next = *(void**)list;
       slab_put(cl, cls, list);
@@ -853,11 +913,12 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     keel_central_t* cl = &_keel_central[cls];
     if (__atomic_load_n(&cl->nbatches, __ATOMIC_RELAXED) == 0 &&
+        __atomic_load_n(&half_batch[cls], __ATOMIC_RELAXED) == NULL &&
         __atomic_load_n(&cl->partial, __ATOMIC_RELAXED) == NULL &&
         __atomic_load_n(&cl->sampled_partial, __ATOMIC_RELAXED) == NULL)
       continue;
     keel_lock(&cl->lock);
-    if (cl->nbatches > 0 && now - cl->touched >= idle_ticks) drain_transfer(cl, cls);
+    if ((cl->nbatches > 0 || half_batch[cls] != NULL) && now - cl->touched >= idle_ticks) drain_transfer(cl, cls);
     /* A slab is trimmed once no block has come back to it for idle_ticks; in a cold
      * class, whose frees purge what they empty from now on, also the pages emptied
      * before it went cold, each slab once per idle_ticks. */

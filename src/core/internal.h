@@ -327,6 +327,10 @@ extern uint64_t _keel_ticks KEEL_INTERNAL;
 
 extern keel_central_t _keel_central[KEEL_NUM_CLASSES] KEEL_INTERNAL;
 
+/* Blocks in the half batch waiting beside cls's transfer cache (0 or batch/2), and its
+ * list (for the invariant walk; class lock held). */
+uint32_t _keel_central_half_blocks(unsigned cls) KEEL_INTERNAL;
+void* _keel_central_half_list(unsigned cls) KEEL_INTERNAL;
 /* Class cls has free blocks in its slabs or transfer cache (unlocked: a hint). */
 bool _keel_central_has_free(unsigned cls) KEEL_INTERNAL;
 /* Takes up to `want` blocks of class cls; returns a NULL-terminated list and sets *got.

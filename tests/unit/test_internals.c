@@ -377,6 +377,55 @@ static void test_uncached_class(void) {
   CHECK(t->head[small] == q); /* the largest cached class still is */
 }
 
+/* Half batches: a small class's bins move half a batch at a time; the central list keeps
+ * one half waiting beside the transfer cache, joins a second one to it into a parked
+ * batch, and hands out a half or the front half of a parked batch. */
+static void test_half_batches(void) {
+  TEST_SECTION("half batches beside the transfer cache");
+  unsigned cls = keel_fine_class(448);
+  const keel_class_t* k = &_keel_classes[cls];
+  keel_central_t* cl = &_keel_central[cls];
+  uint32_t h = k->batch / 2, got = 0;
+  CHECK(k->batch % 2 == 0 && h >= 2);
+  keel_purge(); /* no batch parked, no half waiting */
+  CHECK(cl->nbatches == 0 && _keel_central_half_blocks(cls) == 0);
+  void* a = _keel_central_take(cls, h, &got);
+  CHECK(got == h);
+  void* b = _keel_central_take(cls, h, &got);
+  CHECK(got == h && a != b);
+  _keel_central_give(cls, a, h);
+  CHECK(_keel_central_half_blocks(cls) == h && _keel_central_half_list(cls) == a && cl->nbatches == 0);
+  CHECK(_keel_central_is_free(cls, a) && _keel_central_has_free(cls));
+  keel_class_stats_t cs[KEEL_NUM_CLASSES];
+  size_t n = keel_stats_classes(cs, KEEL_NUM_CLASSES);
+  CHECK(n > cls - 1 && cs[cls - 1].block_size == k->size && cs[cls - 1].blocks_cached >= h);
+  _keel_central_give(cls, b, h); /* two halves: one parked batch */
+  CHECK(_keel_central_half_blocks(cls) == 0 && cl->nbatches == 1);
+  _keel_verify();
+  void* c = _keel_central_take(cls, h, &got); /* the front half; the back half waits */
+  CHECK(got == h && c == b && cl->nbatches == 0 && _keel_central_half_list(cls) == a);
+  void* d = _keel_central_take(cls, h, &got);
+  CHECK(got == h && d == a && _keel_central_half_blocks(cls) == 0);
+  void* e = _keel_central_take(cls, k->batch, &got); /* a whole batch still comes whole */
+  CHECK(got == k->batch);
+  _keel_central_give(cls, c, h);
+  _keel_central_give(cls, d, h);
+  _keel_central_give(cls, e, k->batch);
+  CHECK(cl->nbatches == 2 && _keel_central_half_blocks(cls) == 0);
+  _keel_verify();
+  /* The bins of a class spanning fewer than four slabs hold at most one batch. */
+  keel_tcache_t* t = _keel_tc;
+  static void* blocks[300];
+  for (int r = 0; r < 3; r++) {
+    for (int i = 0; i < 300; i++) blocks[i] = malloc(440);
+    for (int i = 0; i < 300; i++) free(blocks[i]);
+  }
+  CHECK(cl->slabs < 4 && t->bin[cls].max > 1 && t->bin[cls].max <= k->batch);
+  keel_purge();
+  CHECK(cl->nbatches == 0 && _keel_central_half_blocks(cls) == 0);
+  _keel_verify();
+}
+
 /* A class that takes nothing from its slabs while blocks keep coming back (a server
  * replacing values by smaller ones) has its wholly free pages purged anyway: by the
  * purger, each slab once per idle period, and from then on by the frees that empty
@@ -826,6 +875,7 @@ int main(void) {
   test_thread_cache();
   test_fine_classes();
   test_uncached_class();
+  test_half_batches();
   test_busy_trim();
   test_purge_now();
   test_borrow();
