@@ -44,16 +44,20 @@ static uint32_t initial_max(unsigned cls) {
   return _keel_options.check || _keel_classes[cls].bin_limit == 0 ? 0 : 1;
 }
 
-/* Small classes move half batches. A class whose slabs are few holds few blocks in all,
- * and bins of two batches in each thread plus the transfer cache kept a third of them
- * free (xthread: four threads trading 32 B-8 KiB objects, 30 classes of one or two
- * slabs each, 0.5-0.8 MiB live and 0.9 MiB cached). Until a class spans
- * SMALL_CLASS_SLABS slabs its bins grow to one batch only and move half a batch at a
- * time, so a bin still refills and flushes from the middle of its range; the central
- * list joins two halves into a batch for the transfer cache (central.c). */
+/* Small classes of a small heap move half batches. A class whose slabs are few holds
+ * few blocks in all, and bins of two batches in each thread plus the transfer cache
+ * kept a third of them free (xthread: four threads trading 32 B-8 KiB objects, 30
+ * classes of one or two slabs each, 0.5-0.8 MiB live and 0.9 MiB cached). So while the
+ * heap is small (the coarse classes' phase, KEEL_FINE_CLASSES) and a class spans fewer
+ * than SMALL_CLASS_SLABS slabs, its bins grow to one batch only and move half a batch
+ * at a time, so a bin still refills and flushes from the middle of its range; the
+ * central list joins two halves into a batch for the transfer cache (central.c). In a
+ * big heap the few small classes' caches are a small share of it, and half batches
+ * would only double their lock round trips (xthread at 64 threads: 5-9 % more time). */
 #define SMALL_CLASS_SLABS 4
 static uint32_t bin_batch(const keel_class_t* k, unsigned cls) {
-  if (k->batch < 2 || __atomic_load_n(&_keel_central[cls].slabs, __ATOMIC_RELAXED) >= SMALL_CLASS_SLABS)
+  if (k->batch < 2 || _keel_classes_are_fine() ||
+      __atomic_load_n(&_keel_central[cls].slabs, __ATOMIC_RELAXED) >= SMALL_CLASS_SLABS)
     return k->batch;
   return k->batch / 2u;
 }

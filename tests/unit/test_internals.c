@@ -377,9 +377,10 @@ static void test_uncached_class(void) {
   CHECK(t->head[small] == q); /* the largest cached class still is */
 }
 
-/* Half batches: a small class's bins move half a batch at a time; the central list keeps
- * one half waiting beside the transfer cache, joins a second one to it into a parked
- * batch, and hands out a half or the front half of a parked batch. */
+/* Half batches: a small heap's small classes' bins move half a batch at a time (run
+ * before the switch to fine classes: a big heap's bins move whole batches); the central
+ * list keeps one half waiting beside the transfer cache, joins a second one to it into
+ * a parked batch, and hands out a half or the front half of a parked batch. */
 static void test_half_batches(void) {
   TEST_SECTION("half batches beside the transfer cache");
   unsigned cls = keel_fine_class(448);
@@ -413,7 +414,9 @@ static void test_half_batches(void) {
   _keel_central_give(cls, e, k->batch);
   CHECK(cl->nbatches == 2 && _keel_central_half_blocks(cls) == 0);
   _keel_verify();
-  /* The bins of a class spanning fewer than four slabs hold at most one batch. */
+  /* In a small heap the bins of a class spanning fewer than four slabs hold at most one
+   * batch. */
+  CHECK(!_keel_classes_are_fine());
   keel_tcache_t* t = _keel_tc;
   static void* blocks[300];
   for (int r = 0; r < 3; r++) {
@@ -873,9 +876,9 @@ int main(void) {
   test_huge_cache_cold();
   test_options();
   test_thread_cache();
+  test_half_batches();
   test_fine_classes();
   test_uncached_class();
-  test_half_batches();
   test_busy_trim();
   test_purge_now();
   test_borrow();
