@@ -11,8 +11,8 @@ keel_central_t _keel_central[KEEL_NUM_CLASSES];
 uint64_t _keel_ticks;
 static uint64_t trimmed_bytes; /* returned to the OS from inside partly used slabs */
 
-/* Half batches. The bins of a class that spans few slabs move half a batch at a time
- * (tcache.c, bin_batch). One half batch per class waits here, beside the transfer
+/* Half batches. In a small heap the bins of a class that spans few slabs move half a
+ * batch at a time (tcache.c, bin_batch). One half batch per class waits here, beside the transfer
  * cache: a second one given joins it into a whole batch that parks there, and a thread
  * that wants half a batch takes it, or the front half of a parked batch (the rest then
  * waits here). So half batches travel between threads in O(batch) under the class lock,
@@ -771,9 +771,9 @@ static void slab_put(keel_central_t* cl, unsigned cls, void* p) {
 void _keel_central_give(unsigned cls, void* list, uint32_t n) {
   keel_central_t* cl = &_keel_central[cls];
   const keel_class_t* k = &_keel_classes[cls];
-  /* A half batch's tail is found before the lock is taken: a join then links in O(1)
-   * while other threads wait (at 64 threads on 2 cores, walking it under the lock cost
-   * 7 % more time in xthread: its holders were preempted more often). */
+  /* A half batch's tail is found before the lock is taken, so that a join holds the
+   * lock for O(1) work: the freeing thread has just walked these blocks (tcache.c), and
+   * they are in its cache, not in the next lock holder's way. */
   void** half_tail = NULL;
   if (n == half_of(k) && n > 0)
     for (half_tail = (void**)list; *half_tail != NULL;) half_tail = (void**)*half_tail;
