@@ -3,10 +3,30 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/internal.h"
 #include "test.h"
+
+/* The platform calls that bypass libc's wrappers (prim_linux.c): the clock read through
+ * the vDSO (or the system call) agrees with libc's, the process id and sleeping work. */
+static void test_platform_calls(void) {
+  TEST_SECTION("platform calls without libc's wrappers");
+  struct timespec a, b;
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  uint64_t ns = _keel_prim_clock_ns();
+  clock_gettime(CLOCK_MONOTONIC, &b);
+  uint64_t lo = (uint64_t)a.tv_sec * 1000000000u + (uint64_t)a.tv_nsec;
+  uint64_t hi = (uint64_t)b.tv_sec * 1000000000u + (uint64_t)b.tv_nsec;
+  CHECK(lo <= ns && ns <= hi);
+  uint64_t ms = _keel_prim_clock_ms(); /* the coarse clock: within a few ticks of it */
+  CHECK(ms + 50 >= hi / 1000000u && ms <= hi / 1000000u + 50);
+  CHECK(_keel_prim_getpid() == (int)getpid());
+  uint64_t before = _keel_prim_clock_ns();
+  _keel_prim_sleep_ms(20);
+  CHECK(_keel_prim_clock_ns() - before >= 20000000u);
+}
 
 static void test_size_classes(void) {
   TEST_SECTION("size classes");
@@ -868,6 +888,7 @@ static void test_lock_stats(void) {
 }
 
 int main(void) {
+  test_platform_calls();
   test_size_classes();
   test_pagemap();
   test_pageheap();
