@@ -24,6 +24,10 @@ static inline uint32_t half_of(const keel_class_t* k) { return k->batch / 2u; }
 
 void* _keel_central_half_list(unsigned cls) { return half_batch[cls]; }
 
+uint32_t _keel_central_parked_blocks(unsigned cls) {
+  return _keel_central[cls].nbatches * _keel_classes[cls].batch + _keel_central_half_blocks(cls);
+}
+
 uint32_t _keel_central_half_blocks(unsigned cls) {
   return __atomic_load_n(&half_batch[cls], __ATOMIC_RELAXED) != NULL ? half_of(&_keel_classes[cls]) : 0;
 }

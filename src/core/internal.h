@@ -331,6 +331,9 @@ extern keel_central_t _keel_central[KEEL_NUM_CLASSES] KEEL_INTERNAL;
  * list (for the invariant walk; class lock held). */
 uint32_t _keel_central_half_blocks(unsigned cls) KEEL_INTERNAL;
 void* _keel_central_half_list(unsigned cls) KEEL_INTERNAL;
+/* Free blocks parked in cls's transfer cache, whole batches and the half batch (class
+ * lock held: statistics). */
+uint32_t _keel_central_parked_blocks(unsigned cls) KEEL_INTERNAL;
 /* Class cls has free blocks in its slabs or transfer cache (unlocked: a hint). */
 bool _keel_central_has_free(unsigned cls) KEEL_INTERNAL;
 /* Takes up to `want` blocks of class cls; returns a NULL-terminated list and sets *got.

@@ -34,7 +34,7 @@ void _keel_stats_collect(keel_stats_t* out) {
     in_slabs += (cl->out - _keel_central_carved_from(cls)) * k->size +
                 (uint64_t)_keel_central_carved_blocks(cls) * k->size;
     slab_bytes += cl->slabs * k->units * KEEL_UNIT_SIZE;
-    transfer += ((uint64_t)cl->nbatches * k->batch + _keel_central_half_blocks(cls)) * k->size;
+    transfer += (uint64_t)_keel_central_parked_blocks(cls) * k->size;
     keel_unlock(&cl->lock);
   }
   uint64_t in_caches = 0;
@@ -145,7 +145,7 @@ KEEL_API size_t keel_stats_classes(keel_class_stats_t* out, size_t max) {
       continue;
     }
     keel_lock(&cl->lock);
-    uint64_t cached = in_caches[cls] + (uint64_t)cl->nbatches * k->batch + _keel_central_half_blocks(cls);
+    uint64_t cached = in_caches[cls] + _keel_central_parked_blocks(cls);
     out[n].block_size = k->size;
     out[n].blocks_cached = cached;
     uint64_t out_blocks = cl->out - _keel_central_carved_from(cls) + _keel_central_carved_blocks(cls);

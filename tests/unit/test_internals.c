@@ -9,10 +9,9 @@
 #include "core/internal.h"
 #include "test.h"
 
-/* The platform calls that bypass libc's wrappers (prim_linux.c): the clock read through
- * the vDSO (or the system call) agrees with libc's, the process id and sleeping work. */
+/* The platform layer's clock, process id and sleep (prim_linux.c) agree with libc's. */
 static void test_platform_calls(void) {
-  TEST_SECTION("platform calls without libc's wrappers");
+  TEST_SECTION("platform clock, process id and sleep");
   struct timespec a, b;
   clock_gettime(CLOCK_MONOTONIC, &a);
   uint64_t ns = _keel_prim_clock_ns();
