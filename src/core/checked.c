@@ -23,7 +23,7 @@
 #define QUARANTINE_SPAN ((size_t)1 << 30)
 #define GUARD_STACK_DEPTH 24
 
-static keel_lock_t q_lock = KEEL_LOCK_INIT;
+static keel_lock_t q_lock KEEL_ALWAYS_BSS = KEEL_LOCK_INIT;
 keel_lock_t* const _keel_lock_quarantine = &q_lock; /* statistics (stats.c) */
 /* FIFO of freed blocks: a small block's address, or a guarded block's descriptor with
  * its low bit set. q_bytes counts the memory held, q_span the guarded address space. */

@@ -21,7 +21,7 @@ typedef struct cached_map_s {
   uint64_t freed_ms;
 } cached_map_t;
 
-static keel_lock_t huge_lock = KEEL_LOCK_INIT;
+static keel_lock_t huge_lock KEEL_ALWAYS_BSS = KEEL_LOCK_INIT;
 keel_lock_t* const _keel_lock_huge = &huge_lock; /* statistics (stats.c) */
 static huge_entry_t* table;
 static size_t table_cap;  /* power of two */

@@ -30,6 +30,12 @@
  * spill onto pages of their own. (In a file whose whole .bss that script already moves
  * with the cold files', it stays with them.) */
 #define KEEL_SPARSE_BSS __attribute__((section(".bss.keel_sparse")))
+/* Data every process writes though its file's other data may stay untouched: the
+ * process-wide locks outside the central lists (the fork handlers take them all, and
+ * the child resets them) and the first thread cache. src/hot_text.ld keeps it together
+ * on the page where the hot .bss ends, away from the cold files' tables that the locks
+ * used to sit beside (checked mode's quarantine, meshing's plans). */
+#define KEEL_ALWAYS_BSS __attribute__((section(".bss.keel_always")))
 #define KEEL_LIKELY(x) __builtin_expect(!!(x), 1)
 #define KEEL_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define KEEL_INTERNAL __attribute__((visibility("hidden")))

@@ -65,8 +65,8 @@ static bool group_empty(const mesh_group_t* gr) {
   return true;
 }
 
-static keel_lock_t mesh_lock;  /* one pass at a time; before the central locks */
-static keel_lock_t table_lock; /* groups, view table, counters: innermost */
+static keel_lock_t mesh_lock KEEL_ALWAYS_BSS;  /* one pass at a time; before the central locks */
+static keel_lock_t table_lock KEEL_ALWAYS_BSS; /* groups, view table, counters: innermost */
 
 static int file_fd = -1, barrier_fd = -1, barrier_mode = -1;
 static uint64_t file_id, barrier_id;

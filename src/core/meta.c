@@ -5,7 +5,7 @@
 
 #define META_REGION ((size_t)1 << 20)
 
-static keel_lock_t meta_lock = KEEL_LOCK_INIT;
+static keel_lock_t meta_lock KEEL_ALWAYS_BSS = KEEL_LOCK_INIT;
 keel_lock_t* const _keel_lock_meta = &meta_lock; /* statistics (stats.c) */
 static char* meta_cur;
 static char* meta_end;

@@ -8,7 +8,7 @@
  * One lock guards everything here; it is taken only on slab and large-block changes. */
 #include "core/internal.h"
 
-static keel_lock_t heap_lock = KEEL_LOCK_INIT;
+static keel_lock_t heap_lock KEEL_ALWAYS_BSS = KEEL_LOCK_INIT;
 keel_lock_t* const _keel_lock_pageheap = &heap_lock; /* statistics (stats.c) */
 static keel_chunk_t* by_run[KEEL_CHUNK_UNITS]; /* chunks by longest free run */
 static uint64_t chunk_count;

@@ -26,7 +26,7 @@ typedef struct sample_s {
 } sample_t;
 
 bool _keel_profiling;
-static keel_lock_t prof_lock = KEEL_LOCK_INIT;
+static keel_lock_t prof_lock KEEL_ALWAYS_BSS = KEEL_LOCK_INIT;
 keel_lock_t* const _keel_lock_profile = &prof_lock; /* statistics (stats.c) */
 static sample_t* table;      /* open addressing by pointer */
 static size_t table_cap, table_used, table_deleted;

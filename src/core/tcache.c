@@ -28,7 +28,7 @@ enum { THREAD_NEW = 0, THREAD_YOUNG, THREAD_CACHED, THREAD_BUSY, THREAD_GONE };
 static _Thread_local uint8_t thread_state;
 static _Thread_local uint8_t young_ops; /* slow-path calls made while young */
 
-static keel_lock_t registry_lock = KEEL_LOCK_INIT;
+static keel_lock_t registry_lock KEEL_ALWAYS_BSS = KEEL_LOCK_INIT;
 keel_lock_t* const _keel_lock_threads = &registry_lock; /* statistics (stats.c) */
 static keel_tcache_t* registry;    /* live caches */
 static keel_tcache_t* spare;       /* caches of exited threads, for reuse */
@@ -124,6 +124,13 @@ static bool thread_register(void) {
   return true;
 }
 
+/* The first cache is static, on the page where the hot .bss ends (beside the locks,
+ * src/hot_text.ld), which every process writes anyway: a program with one thread that
+ * caches then maps no metadata region and writes no page of one (4 KiB of RssAnon in
+ * every process, every PostgreSQL backend included). Recycled like the others. */
+static keel_tcache_t first_cache KEEL_ALWAYS_BSS;
+static bool first_cache_taken; /* registry lock */
+
 static keel_tcache_t* tcache_create(void) {
   uint8_t was = thread_state; /* NEW or YOUNG */
   thread_state = THREAD_BUSY;
@@ -135,6 +142,10 @@ static keel_tcache_t* tcache_create(void) {
   keel_lock(&registry_lock);
   keel_tcache_t* t = spare;
   if (t) spare = t->next;
+  if (t == NULL && !first_cache_taken) {
+    first_cache_taken = true;
+    t = &first_cache;
+  }
   keel_unlock(&registry_lock);
   if (t == NULL) t = (keel_tcache_t*)_keel_meta_alloc(sizeof(keel_tcache_t));
   if (t == NULL) {
@@ -366,7 +377,7 @@ void _keel_tcache_after_fork_child(void) {
 }
 
 /* Racy reads of other threads' bins are fine for statistics. */
-__attribute__((no_sanitize("thread"))) void _keel_tcache_stats(keel_stats_t* out,
+KEEL_COLD __attribute__((no_sanitize("thread"))) void _keel_tcache_stats(keel_stats_t* out,
                                                                  uint64_t* cached_bytes) {
   uint64_t bytes = 0;
   keel_lock(&registry_lock);
@@ -381,7 +392,7 @@ __attribute__((no_sanitize("thread"))) void _keel_tcache_stats(keel_stats_t* out
 }
 
 /* Blocks held in all thread caches, per class (racy reads: statistics only). */
-__attribute__((no_sanitize("thread"))) void _keel_tcache_class_counts(uint64_t* counts) {
+KEEL_COLD __attribute__((no_sanitize("thread"))) void _keel_tcache_class_counts(uint64_t* counts) {
   keel_lock(&registry_lock);
   for (keel_tcache_t* t = registry; t != NULL; t = t->next)
     for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++)
