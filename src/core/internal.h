@@ -297,6 +297,7 @@ static inline uint8_t keel_pagemap_get(const void* p) {
 /* Sets `units` consecutive entries from address a; false if the map cannot describe a
  * (its slice could not be made writable, or, with a reduced map, a lies outside the
  * window the map covers): the caller then treats its mapping as failed. */
+bool _keel_pagemap_reserve(void) KEEL_INTERNAL;
 bool _keel_pagemap_set(uintptr_t a, size_t units, uint8_t value) KEEL_INTERNAL;
 /* True if the map has ever described memory in the 1 GiB slice around a: a walk over
  * the map (checked.c's fault handler) stops where this is false. */

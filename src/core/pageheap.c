@@ -102,6 +102,7 @@ size_t _keel_thp_purge_granule(void) {
 }
 
 static keel_chunk_t* chunk_new(void) {
+  if (!_keel_pagemap_reserve()) return NULL;
   keel_chunk_t* c = (keel_chunk_t*)_keel_prim_map(KEEL_CHUNK_SIZE, KEEL_CHUNK_SIZE, next_hint);
   if (c == NULL) {
     /* Out of address space or memory (RLIMIT_AS, overcommit): give back everything

@@ -26,27 +26,25 @@ static uint8_t unmapped_byte; /* the map before Keel's first mapping: one NONE b
 uint8_t* _keel_pagemap_base = &unmapped_byte;
 uintptr_t _keel_pagemap_mask = 0;
 
-static keel_lock_t map_lock = KEEL_LOCK_INIT;
+static keel_lock_t map_lock KEEL_ALWAYS_BSS = KEEL_LOCK_INIT;
 keel_lock_t* const _keel_lock_pagemap = &map_lock; /* statistics (stats.c) */
 static unsigned map_bits;          /* log2 of the map's size; 0 before it exists */
 static uintptr_t window_lo, window_len; /* reduced map only: the addresses it covers */
+static bool window_placed;               /* window_lo set (at the first address set) */
 /* 32 KiB of which a process touches a word or two: with the rarely used data
  * (src/hot_text.ld), so that it does not push the next file's variables onto a page
  * of their own. */
 static uint64_t slice_writable[(1u << (FULL_BITS - SLICE_BITS)) / 64] KEEL_SPARSE_BSS;
 
-/* Map lock held. */
-static bool reserve(uintptr_t first) {
+/* Map lock held. The reduced map's window is placed around the first address set. */
+static bool reserve(void) {
   for (unsigned bits = FULL_BITS; bits >= SMALLEST_BITS; bits--) {
     uint8_t* map = (uint8_t*)_keel_prim_reserve_zero((size_t)1 << bits);
     if (map == NULL) continue;
-    map_bits = bits;
-    if (bits < FULL_BITS) {
-      window_len = (uintptr_t)1 << (bits + KEEL_UNIT_SHIFT);
-      window_lo = first > window_len / 2 ? first - window_len / 2 : 0;
-    }
+    if (bits < FULL_BITS) window_len = (uintptr_t)1 << (bits + KEEL_UNIT_SHIFT);
     __atomic_store_n(&_keel_pagemap_base, map, __ATOMIC_RELAXED);
     __atomic_store_n(&_keel_pagemap_mask, ((uintptr_t)1 << bits) - 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&map_bits, bits, __ATOMIC_RELEASE); /* last: read without the lock */
     return true;
   }
   return false;
@@ -75,12 +73,28 @@ static bool make_writable(size_t i) {
   return ok;
 }
 
+/* Before the first chunk is mapped: the kernel places mappings top-down, so a map
+ * reserved after the first chunk sat right below it and pushed the next chunks 4 GiB
+ * further down, into another gigabyte of the map: a second slice, and a page of map
+ * written in every process that takes two chunks (a PostgreSQL backend). Reserved
+ * first, the chunks follow each other below it. */
+bool _keel_pagemap_reserve(void) {
+  if (KEEL_LIKELY(__atomic_load_n(&map_bits, __ATOMIC_ACQUIRE) != 0)) return true;
+  keel_lock(&map_lock);
+  bool ok = map_bits != 0 || reserve();
+  keel_unlock(&map_lock);
+  return ok;
+}
+
 bool _keel_pagemap_set(uintptr_t a, size_t units, uint8_t value) {
-  if (KEEL_UNLIKELY(map_bits == 0)) {
+  if (KEEL_UNLIKELY(!_keel_pagemap_reserve())) return false;
+  if (KEEL_UNLIKELY(window_len != 0 && !__atomic_load_n(&window_placed, __ATOMIC_ACQUIRE))) {
     keel_lock(&map_lock);
-    bool ok = map_bits != 0 || reserve(a);
+    if (!window_placed) {
+      window_lo = a > window_len / 2 ? a - window_len / 2 : 0;
+      __atomic_store_n(&window_placed, true, __ATOMIC_RELEASE);
+    }
     keel_unlock(&map_lock);
-    if (!ok) return false;
   }
   if (window_len != 0 && (a - window_lo >= window_len || units > (window_len - (a - window_lo)) >> KEEL_UNIT_SHIFT))
     return false;
