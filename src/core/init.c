@@ -93,6 +93,7 @@ static void fork_child(void) {
   _keel_mesh_after_fork_child();
   _keel_tcache_after_fork_child();
   atomic_store(&background_state, 0); /* the purger thread did not survive the fork */
+  _keel_prim_thread_forget_after_fork();    /* nor need its stack */
   defer_purger();
   _keel_publish_after_fork_child();
 }

@@ -118,6 +118,10 @@ void _keel_prim_atfork(void (*prepare)(void), void (*parent)(void), void (*child
 /* Starts a detached helper thread running fn(arg). Must not be called with any Keel
  * lock held (thread creation may allocate). Returns false on failure. */
 bool _keel_prim_thread_start(void* (*fn)(void*), void* arg);
+
+/* In a forked child (one thread): releases the stack of the helper thread started
+ * before the fork, which did not survive it. */
+void _keel_prim_thread_forget_after_fork(void);
 /* Number of threads in this process still running, the caller included (0 if
  * unknown). A main thread that ended with pthread_exit does not count. */
 int _keel_prim_thread_count(void);
