@@ -712,7 +712,7 @@ size_t _keel_central_carved_size(const void* p, const char* call) {
   return _keel_classes[d->cls].size;
 }
 
-bool _keel_central_verify_carved(unsigned cls) {
+KEEL_COLD bool _keel_central_verify_carved(unsigned cls) {
   for (keel_carve_t* d = carve_partial[cls]; d != NULL; d = d->next) {
     if (d->cls != cls || !d->listed || d->free == 0 || d->count < CARVE_MIN || d->count > CARVE_MAX ||
         d->used + (unsigned)__builtin_popcountll(d->free) != d->count)

@@ -400,7 +400,7 @@ __attribute__((no_sanitize("thread"))) uint64_t _keel_huge_taken_bytes(void) { r
 __attribute__((no_sanitize("thread"))) bool _keel_huge_cache_pending(void) { return __atomic_load_n(&cached_bytes, __ATOMIC_RELAXED) != 0; }
 
 /* _keel_thp_apply_all's part: live and cached huge blocks take the policy now. */
-void _keel_huge_thp_apply_all(void) {
+KEEL_COLD void _keel_huge_thp_apply_all(void) {
   keel_lock(&huge_lock);
   thp_epoch++;
   for (size_t i = 0; i < table_cap; i++)
@@ -413,7 +413,7 @@ void _keel_huge_lock_all(void) { keel_lock(&huge_lock); }
 void _keel_huge_unlock_all(void) { keel_unlock(&huge_lock); }
 void _keel_huge_reset_locks(void) { keel_lock_reset(&huge_lock); }
 
-void _keel_huge_stats(keel_stats_t* out) {
+KEEL_COLD void _keel_huge_stats(keel_stats_t* out) {
   keel_lock(&huge_lock);
   out->huge_allocated += live_bytes;
   out->allocated += live_bytes;

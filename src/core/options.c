@@ -266,7 +266,7 @@ static bool same_value(const opt_t* o, const opt_value_t* v) {
   return false;
 }
 
-KEEL_API int keel_option_set(const char* name, const char* value) {
+KEEL_API KEEL_COLD int keel_option_set(const char* name, const char* value) {
   keel_ensure_init();
   if (name == NULL || value == NULL) return EINVAL;
   const opt_t* o = find(name, strlen(name));
@@ -285,7 +285,7 @@ KEEL_API int keel_option_set(const char* name, const char* value) {
   return 0;
 }
 
-KEEL_API int keel_option_get(const char* name, char* buf, size_t size) {
+KEEL_API KEEL_COLD int keel_option_get(const char* name, char* buf, size_t size) {
   if (name == NULL) return EINVAL;
   const opt_t* o = find(name, strlen(name));
   if (o == NULL) return ENOENT;

@@ -531,7 +531,7 @@ __attribute__((no_sanitize("thread"))) uint64_t _keel_pageheap_taken_bytes(void)
 /* The policy changed at run time: advise every chunk as chunk_new would now, then the
  * huge blocks. SYSTEM cannot take earlier advice back (Linux has no madvise for "no
  * advice"), so it only stops new advice. */
-void _keel_thp_apply_all(void) {
+KEEL_COLD void _keel_thp_apply_all(void) {
   keel_lock(&heap_lock);
   int advice = _keel_thp_advice();
   if (advice != 0)
@@ -546,7 +546,7 @@ void _keel_pageheap_lock_all(void) { keel_lock(&heap_lock); }
 void _keel_pageheap_unlock_all(void) { keel_unlock(&heap_lock); }
 void _keel_pageheap_reset_locks(void) { keel_lock_reset(&heap_lock); }
 
-void _keel_pageheap_stats(keel_stats_t* out) {
+KEEL_COLD void _keel_pageheap_stats(keel_stats_t* out) {
   keel_lock(&heap_lock);
   uint64_t mapped = chunk_count * KEEL_CHUNK_SIZE;
   out->mapped += mapped;

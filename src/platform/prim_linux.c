@@ -134,7 +134,10 @@ static bool probe_move_spans(void) {
   return ok;
 }
 
-PRIM_COLD bool _keel_prim_move_spans_mappings(void) {
+/* In .text, not cold: a busy process asks on its first huge block from the cache, and
+ * the purger's huge-page promotion reads residency every tick (tests/override's
+ * idle_rss checks that a busy process runs no cold code). */
+bool _keel_prim_move_spans_mappings(void) {
   static int known; /* 0: not probed, 1: yes, 2: no; a race only probes twice */
   int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
   if (k == 0) {
@@ -171,7 +174,7 @@ bool _keel_prim_thp_collapse(void* addr, size_t size) {
   return ok;
 }
 
-PRIM_COLD size_t _keel_prim_resident_pages(void* addr, size_t size) {
+size_t _keel_prim_resident_pages(void* addr, size_t size) {
   unsigned char vec[4096]; /* one byte a page: 16 MiB of 4 KiB pages a call */
   size_t page = _keel_prim_page_size(), pages = size / page, resident = 0;
   if (size > ((size_t)64 << 20)) return SIZE_MAX;
@@ -233,7 +236,8 @@ size_t _keel_prim_huge_page_size(void) {
 
 static int thp_mode_cache = -1;
 
-PRIM_COLD int _keel_prim_thp_machine_mode(void) {
+/* Not cold: every new chunk and every purger tick asks (the file is read once). */
+int _keel_prim_thp_machine_mode(void) {
   if (thp_mode_cache >= 0) return thp_mode_cache;
   int saved = errno;
   char buf[128];
@@ -623,7 +627,7 @@ void _keel_prim_close(int fd) {
   errno = saved;
 }
 
-void _keel_prim_copy_file(const char* path, int fd) {
+PRIM_COLD void _keel_prim_copy_file(const char* path, int fd) {
   int saved = errno;
   int in = open(path, O_RDONLY | O_CLOEXEC);
   if (in >= 0) {
