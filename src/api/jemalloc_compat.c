@@ -272,7 +272,9 @@ static void snap_collect(je_snap_t* o) {
   o->out[0] = o->batched[0] = o->slabs[0] = 0;
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     o->tcache_bytes += cached[cls] * _keel_classes[cls].size;
-    keel_central_t* cl = &_keel_central[cls];
+    o->out[cls] = o->batched[cls] = o->slabs[cls] = 0;
+    if (!_keel_central_active(cls)) continue; /* all zero, and its page maybe untouched */
+    keel_central_t* cl = keel_central_of(cls);
     keel_lock(&cl->lock);
     o->out[cls] = cl->out;
     o->batched[cls] = (uint64_t)cl->nbatches * _keel_classes[cls].batch;

@@ -7,9 +7,40 @@
  * interior pointers, and lets an empty slab return to the page heap at once. */
 #include "core/internal.h"
 
-keel_central_t _keel_central[KEEL_NUM_CLASSES];
+keel_central_t _keel_central_slots[KEEL_NUM_CLASSES] KEEL_CENTRAL_BSS;
+uint8_t _keel_central_slot[KEEL_NUM_CLASSES];
 uint64_t _keel_ticks;
 static uint64_t trimmed_bytes; /* returned to the OS from inside partly used slabs */
+
+/* Classes whose lock has ever been taken. The fork handlers take every lock, and a lock
+ * taken is a page written: all 127 central lists are 16 KiB, written in full by every
+ * process that forks and again by each child resetting them, though a small process
+ * uses a few dozen classes. So they take the locks of active classes only, and a class
+ * becomes active under activate_lock, which the handlers hold throughout: a class that
+ * was not active when the fork began is not locked by anyone until it ends. Activation
+ * happens where a class is first locked (a take, or a carve into it); every other lock
+ * of a class follows one of those (its slabs, blocks or holes exist). */
+static uint64_t active[KEEL_NUM_CLASSES / 64];
+static keel_lock_t activate_lock KEEL_ALWAYS_BSS = KEEL_LOCK_INIT;
+
+bool _keel_central_active(unsigned cls) {
+  return (__atomic_load_n(&active[cls / 64], __ATOMIC_ACQUIRE) >> (cls % 64)) & 1;
+}
+
+static KEEL_NOINLINE void activate(unsigned cls) {
+  keel_lock(&activate_lock);
+  __atomic_fetch_or(&active[cls / 64], (uint64_t)1 << (cls % 64), __ATOMIC_RELEASE);
+  keel_unlock(&activate_lock);
+}
+
+/* Locks cls's central list, activating the class first if needed. No Keel lock may be
+ * held (activate_lock comes before the central locks in the fork handlers' order). */
+static inline keel_central_t* lock_class(unsigned cls) {
+  if (KEEL_UNLIKELY(!_keel_central_active(cls))) activate(cls);
+  keel_central_t* cl = keel_central_of(cls);
+  keel_lock(&cl->lock);
+  return cl;
+}
 
 /* Half batches. In a small heap the bins of a class that spans few slabs move half a
  * batch at a time (tcache.c, bin_batch). One half batch per class waits here, beside the transfer
@@ -25,7 +56,7 @@ static inline uint32_t half_of(const keel_class_t* k) { return k->batch / 2u; }
 void* _keel_central_half_list(unsigned cls) { return half_batch[cls]; }
 
 uint32_t _keel_central_parked_blocks(unsigned cls) {
-  return _keel_central[cls].nbatches * _keel_classes[cls].batch + _keel_central_half_blocks(cls);
+  return keel_central_of(cls)->nbatches * _keel_classes[cls].batch + _keel_central_half_blocks(cls);
 }
 
 uint32_t _keel_central_half_blocks(unsigned cls) {
@@ -58,7 +89,7 @@ static void partial_push(keel_central_t* cl, keel_slab_t* s) {
 static keel_slab_t* lend_cursor[KEEL_NUM_CLASSES];
 
 static void partial_remove(keel_central_t* cl, keel_slab_t* s) {
-  keel_slab_t** cursor = &lend_cursor[cl - _keel_central];
+  keel_slab_t** cursor = &lend_cursor[s->cls];
   if (*cursor == s) *cursor = s->next;
   if (s->prev) s->prev->next = s->next;
   else __atomic_store_n(partial_list(cl, s), s->next, __ATOMIC_RELAXED);
@@ -90,7 +121,7 @@ static keel_slab_t* slab_new(unsigned cls, bool sampled) {
   s->carved = 0;
   s->scan = 0;
   s->ready = 0; /* bitmap words are written as takes reach them (slab_bits) */
-  __atomic_store_n(&_keel_central[cls].slabs, _keel_central[cls].slabs + 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&keel_central_of(cls)->slabs, keel_central_of(cls)->slabs + 1, __ATOMIC_RELAXED);
   __atomic_add_fetch(&slab_units, k->units, __ATOMIC_RELAXED);
   return s;
 }
@@ -106,7 +137,7 @@ static bool slab_releasable(keel_slab_t* s) {
 static void slab_release(unsigned cls, keel_slab_t* s) {
   keel_chunk_t* c = keel_chunk_of(s);
   _keel_pagemap_set((uintptr_t)slab_base(c, s), s->units, KEEL_KIND_NONE);
-  __atomic_store_n(&_keel_central[cls].slabs, _keel_central[cls].slabs - 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&keel_central_of(cls)->slabs, keel_central_of(cls)->slabs - 1, __ATOMIC_RELAXED);
   __atomic_sub_fetch(&slab_units, s->units, __ATOMIC_RELAXED);
   _keel_pageheap_free(s);
 }
@@ -186,9 +217,8 @@ static uint32_t slab_take(keel_slab_t* s, unsigned cls, uint32_t want, void*** t
 }
 
 void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
-  keel_central_t* cl = &_keel_central[cls];
   const keel_class_t* k = &_keel_classes[cls];
-  keel_lock(&cl->lock);
+  keel_central_t* cl = lock_class(cls);
   if (cl->nbatches > 0 && want >= k->batch) {
     /* A take from the transfer cache counts too: a class that cycles its blocks through
      * it (PostgreSQL's 8-32 KiB memory-context blocks, batches of one) and spills the
@@ -250,15 +280,14 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
 }
 
 bool _keel_central_has_free(unsigned cls) {
-  const keel_central_t* cl = &_keel_central[cls];
+  const keel_central_t* cl = keel_central_of(cls);
   return __atomic_load_n(&cl->partial, __ATOMIC_RELAXED) != NULL ||
          __atomic_load_n(&cl->nbatches, __ATOMIC_RELAXED) != 0 ||
          __atomic_load_n(&half_batch[cls], __ATOMIC_RELAXED) != NULL;
 }
 
 void* _keel_central_take_sampled(unsigned cls) {
-  keel_central_t* cl = &_keel_central[cls];
-  keel_lock(&cl->lock);
+  keel_central_t* cl = lock_class(cls);
   keel_slab_t* s = cl->sampled_partial;
   if (s == NULL && (s = slab_new(cls, true)) != NULL) partial_push(cl, s);
   void* head = NULL;
@@ -444,7 +473,7 @@ unsigned _keel_central_lender_in(const void* const* heads, unsigned cls) {
   if (!borrowing(&now, &cold)) return 0;
   uint64_t most = (uint64_t)_keel_classes[cls].size * BORROW_SPAN;
   for (unsigned lender = cls + 1; lender < KEEL_NUM_CLASSES && _keel_classes[lender].size <= most; lender++)
-    if (heads[lender] != NULL && can_lend(&_keel_central[lender], &_keel_classes[lender], now, cold))
+    if (heads[lender] != NULL && can_lend(keel_central_of(lender), &_keel_classes[lender], now, cold))
       return lender;
   return 0;
 }
@@ -537,7 +566,7 @@ static void* carve_take_block(unsigned cls, keel_carve_t* d) {
 /* A hole of class lender (see slab_take_hole), if it can lend one now; NULL if not.
  * With carve, the hole is marked carved in its slab (below) under the lender's lock. */
 static void* take_hole(unsigned lender, uint32_t now, uint32_t cold, bool carve) {
-  keel_central_t* cl = &_keel_central[lender];
+  keel_central_t* cl = keel_central_of(lender);
   const keel_class_t* k = &_keel_classes[lender];
   if (__atomic_load_n(&cl->partial, __ATOMIC_RELAXED) == NULL || !can_lend(cl, k, now, cold) ||
       __atomic_load_n(&lend_miss_tick[lender], __ATOMIC_RELAXED) == now + 1)
@@ -595,7 +624,7 @@ void* _keel_central_borrow(unsigned cls) {
 
 void* _keel_central_carve(unsigned cls) {
   const keel_class_t* kc = &_keel_classes[cls];
-  keel_central_t* cl = &_keel_central[cls];
+  keel_central_t* cl = keel_central_of(cls);
   if (__atomic_load_n(&carve_partial[cls], __ATOMIC_RELAXED) != NULL) {
     keel_lock(&cl->lock);
     void* p = carve_partial[cls] != NULL ? carve_take_block(cls, carve_partial[cls]) : NULL;
@@ -619,7 +648,7 @@ void* _keel_central_carve(unsigned cls) {
     d->used = 0;
     d->listed = 0;
     d->free = count == 64 ? ~(uint64_t)0 : ((uint64_t)1 << count) - 1;
-    keel_lock(&cl->lock);
+    lock_class(cls);
     carve_list_push(cls, d);
     void* p = carve_take_block(cls, d);
     keel_unlock(&cl->lock);
@@ -634,7 +663,7 @@ static keel_carve_t* carved_hole_of(const void* p, unsigned* lender) {
   keel_slab_t* s = slab_of(p);
   unsigned cls = s->cls;
   const keel_class_t* k = &_keel_classes[cls];
-  keel_central_t* cl = &_keel_central[cls];
+  keel_central_t* cl = keel_central_of(cls);
   keel_carve_t* d = NULL;
   keel_lock(&cl->lock);
   if (s->state == KEEL_UNIT_SLAB && s->cls == cls && s->carved > 0) {
@@ -663,7 +692,7 @@ static void carve_release(keel_carve_t* d) {
   keel_slab_t* s = slab_of(d);
   unsigned lender = s->cls;
   const keel_class_t* k = &_keel_classes[lender];
-  keel_central_t* cl = &_keel_central[lender];
+  keel_central_t* cl = keel_central_of(lender);
   keel_lock(&cl->lock);
   char* base = (char*)slab_base(keel_chunk_of(s), s);
   size_t idx = (size_t)((char*)d - base) / k->size;
@@ -681,7 +710,7 @@ unsigned _keel_central_carved_free(void* p, const char* call) {
   keel_carve_t* d = carved_hole_of(p, &lender);
   if (d == NULL) return lender;
   unsigned cls = d->cls;
-  keel_central_t* cl = &_keel_central[cls];
+  keel_central_t* cl = keel_central_of(cls);
   keel_lock(&cl->lock);
   long i = carved_index(d, p);
   if (i < 0) {
@@ -773,7 +802,7 @@ static void slab_put(keel_central_t* cl, unsigned cls, void* p) {
 }
 
 void _keel_central_give(unsigned cls, void* list, uint32_t n) {
-  keel_central_t* cl = &_keel_central[cls];
+  keel_central_t* cl = keel_central_of(cls);
   const keel_class_t* k = &_keel_classes[cls];
   /* A half batch's tail is found before the lock is taken, so that a join holds the
    * lock for O(1) work: the freeing thread has just walked these blocks (tcache.c), and
@@ -811,7 +840,7 @@ void _keel_central_give(unsigned cls, void* list, uint32_t n) {
 }
 
 bool _keel_central_is_free(unsigned cls, void* p) {
-  keel_central_t* cl = &_keel_central[cls];
+  keel_central_t* cl = keel_central_of(cls);
   keel_lock(&cl->lock);
   keel_slab_t* s = slab_of(p);
   bool is_free = false;
@@ -882,7 +911,8 @@ size_t _keel_central_purge_all(uint32_t max_trims) {
   uint64_t before = __atomic_load_n(&trimmed_bytes, __ATOMIC_RELAXED);
   bool trim = _keel_thp_purge_granule() <= _keel_page_size; /* as in _keel_central_decay */
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
-    keel_central_t* cl = &_keel_central[cls];
+    if (!_keel_central_active(cls)) continue;
+    keel_central_t* cl = keel_central_of(cls);
     keel_lock(&cl->lock);
     drain_transfer(cl, cls);
     /* An empty slab kept to avoid churn is released; the free pages of the others are
@@ -919,7 +949,7 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
    * are trimmed if the policy changes back. */
   bool trim = _keel_thp_purge_granule() <= _keel_page_size;
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
-    keel_central_t* cl = &_keel_central[cls];
+    keel_central_t* cl = keel_central_of(cls);
     if (__atomic_load_n(&cl->nbatches, __ATOMIC_RELAXED) == 0 &&
         __atomic_load_n(&half_batch[cls], __ATOMIC_RELAXED) == NULL &&
         __atomic_load_n(&cl->partial, __ATOMIC_RELAXED) == NULL &&
@@ -950,12 +980,20 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
 
 uint64_t _keel_central_trimmed_bytes(void) { return __atomic_load_n(&trimmed_bytes, __ATOMIC_RELAXED); }
 
+/* The active classes' locks only (above); the bits cannot change while activate_lock
+ * is held. */
 void _keel_central_lock_all(void) {
-  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) keel_lock(&_keel_central[cls].lock);
+  keel_lock(&activate_lock);
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++)
+    if (_keel_central_active(cls)) keel_lock(&keel_central_of(cls)->lock);
 }
 void _keel_central_unlock_all(void) {
-  for (unsigned cls = KEEL_NUM_CLASSES - 1; cls >= 1; cls--) keel_unlock(&_keel_central[cls].lock);
+  for (unsigned cls = KEEL_NUM_CLASSES - 1; cls >= 1; cls--)
+    if (_keel_central_active(cls)) keel_unlock(&keel_central_of(cls)->lock);
+  keel_unlock(&activate_lock);
 }
 void _keel_central_reset_locks(void) {
-  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) keel_lock_reset(&_keel_central[cls].lock);
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++)
+    if (_keel_central_active(cls)) keel_lock_reset(&keel_central_of(cls)->lock);
+  keel_lock_reset(&activate_lock);
 }

@@ -36,6 +36,9 @@
  * on the page where the hot .bss ends, away from the cold files' tables that the locks
  * used to sit beside (checked mode's quarantine, meshing's plans). */
 #define KEEL_ALWAYS_BSS __attribute__((section(".bss.keel_always")))
+/* The central lists' array: page-aligned, after the data every process writes
+ * (src/hot_text.ld). */
+#define KEEL_CENTRAL_BSS __attribute__((section(".bss.keel_central"), aligned(4096)))
 #define KEEL_LIKELY(x) __builtin_expect(!!(x), 1)
 #define KEEL_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define KEEL_INTERNAL __attribute__((visibility("hidden")))
@@ -325,14 +328,21 @@ typedef struct keel_central_s {
   uint32_t touched;     /* purger tick of the last transfer-cache use (wraps) */
   uint64_t out;         /* blocks out of slabs: live, or in a cache */
 } __attribute__((aligned(64))) keel_central_t;
-/* Two cache lines: the array is in every process's .bss, and a small program touches
- * a few classes spread over all of it (at 256 bytes, 8 pages; at 128, 4). */
+/* Two cache lines: the array is in every process's .bss (at 256 bytes a small program
+ * touched 8 pages of it; at 128, 4). */
 _Static_assert(sizeof(keel_central_t) == 128, "keel_central_t grew past two cache lines");
 
 /* Purger ticks so far (a coarse clock the central lists stamp without a system call). */
 extern uint64_t _keel_ticks KEEL_INTERNAL;
 
-extern keel_central_t _keel_central[KEEL_NUM_CLASSES] KEEL_INTERNAL;
+/* The central lists, in slot order: the coarse classes first (size_class.c), so that a
+ * small program, which uses coarse classes only, writes the first two pages of the
+ * array rather than a line on each of its four. Indexed through keel_central_of. */
+extern keel_central_t _keel_central_slots[KEEL_NUM_CLASSES] KEEL_INTERNAL;
+extern uint8_t _keel_central_slot[KEEL_NUM_CLASSES] KEEL_INTERNAL;
+static inline keel_central_t* keel_central_of(unsigned cls) {
+  return &_keel_central_slots[_keel_central_slot[cls]];
+}
 
 /* Blocks in the half batch waiting beside cls's transfer cache (0 or batch/2), and its
  * list (for the invariant walk; class lock held). */
@@ -341,6 +351,8 @@ void* _keel_central_half_list(unsigned cls) KEEL_INTERNAL;
 /* Free blocks parked in cls's transfer cache, whole batches and the half batch (class
  * lock held: statistics). */
 uint32_t _keel_central_parked_blocks(unsigned cls) KEEL_INTERNAL;
+/* Whether cls's central list has ever been locked (an inactive one is all zero). */
+bool _keel_central_active(unsigned cls) KEEL_INTERNAL;
 /* Class cls has free blocks in its slabs or transfer cache (unlocked: a hint). */
 bool _keel_central_has_free(unsigned cls) KEEL_INTERNAL;
 /* Takes up to `want` blocks of class cls; returns a NULL-terminated list and sets *got.

@@ -106,7 +106,7 @@ static uint64_t last_plan[KEEL_NUM_CLASSES];
 static uint64_t seen_locks[KEEL_NUM_CLASSES], seen_tick[KEEL_NUM_CLASSES];
 
 static uint64_t class_locks(unsigned cls) {
-  return __atomic_load_n(&_keel_central[cls].lock.acquired, __ATOMIC_RELAXED);
+  return __atomic_load_n(&keel_central_of(cls)->lock.acquired, __ATOMIC_RELAXED);
 }
 
 /* Whether others took cls's lock more than MESH_BUSY_LOCKS times a tick since the last
@@ -285,7 +285,7 @@ static inline bool block_free(const keel_slab_t* s, uint32_t i) {
  * use are still disjoint from the ones before them (at least two) become views of one
  * file page. Returns the pages that gives back. */
 static size_t mesh_group(unsigned cls, const uintptr_t* cand, unsigned ncand) {
-  keel_central_t* cl = &_keel_central[cls];
+  keel_central_t* cl = keel_central_of(cls);
   const keel_class_t* k = &_keel_classes[cls];
   size_t page = _keel_page_size;
   size_t saved = 0;
@@ -546,7 +546,7 @@ static bool visit(void* ctx, unsigned cls, const uintptr_t* pages, unsigned n) {
 /* Worth a plan: the class's slabs hold 1 MiB more than a quarter over its blocks. */
 static bool class_sparse(unsigned cls) {
   const keel_class_t* k = &_keel_classes[cls];
-  keel_central_t* cl = &_keel_central[cls];
+  keel_central_t* cl = keel_central_of(cls);
   uint64_t slab_bytes = __atomic_load_n(&cl->slabs, __ATOMIC_RELAXED) * ((uint64_t)k->units << KEEL_UNIT_SHIFT);
   uint64_t used = __atomic_load_n(&cl->out, __ATOMIC_RELAXED) * k->size;
   return slab_bytes > used + used / 4 + ((uint64_t)1 << 20);

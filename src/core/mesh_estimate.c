@@ -179,7 +179,7 @@ static void match_pairs(const uint64_t* masks, uint32_t m, unsigned wc, uint32_t
  * slab's address, leaving reserve_per_slab bytes a slab after them. Returns the number
  * copied (the slab refills come from first), or UINT32_MAX if no scratch memory. */
 static uint32_t copy_bitmaps(unsigned cls, scratch_t* s, size_t reserve_per_slab, uint64_t* slabs) {
-  keel_central_t* cl = &_keel_central[cls];
+  keel_central_t* cl = keel_central_of(cls);
   unsigned words = (_keel_classes[cls].count + 63) / 64;
   for (;;) {
     keel_lock(&cl->lock);

@@ -58,8 +58,12 @@ KEEL_HOT uint32_t _keel_profile_first_countdown(unsigned cls) {
   return d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
 }
 
+/* Writes nothing unless profiling is on (it cannot be turned on later): these
+ * variables share a page with the profiler's cold tables, and a process that never
+ * profiles should not write it, nor walk the loaded objects for Keel's code range. */
 KEEL_HOT void _keel_profile_init(void) {
-  _keel_profiling = _keel_options.profile_rate > 0;
+  if (_keel_options.profile_rate == 0) return;
+  _keel_profiling = true;
   rng ^= _keel_prim_random();
   big_left = (int64_t)draw(_keel_options.profile_rate);
   _keel_prim_code_range((const void*)&_keel_profile_init, &self_lo, &self_hi);

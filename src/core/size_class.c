@@ -75,6 +75,12 @@ void _keel_classes_init(void) {
     if (serving != cls && _keel_options.fine_classes != 0) _keel_class_group_pending[serving] = 1;
   }
   fine = _keel_options.fine_classes == 0;
+  /* Central list slots: the coarse classes first, the others after them (internal.h,
+   * _keel_central_slots). Slot 0 stays class 0's, which has none. */
+  unsigned slot = 1;
+  for (int coarse = 1; coarse >= 0; coarse--)
+    for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++)
+      if ((coarse_of[cls] == cls) == (coarse == 1)) _keel_central_slot[cls] = (uint8_t)slot++;
 }
 
 /* Whether coarse class c's group has grown enough to be worth its finer classes. Each
@@ -85,7 +91,7 @@ void _keel_classes_init(void) {
  * against glibc's 4.5). So a group switches only once its coarse class spans
  * KEEL_FINE_GROUP_SLABS slabs, however big the heap. */
 static bool group_big(unsigned c) {
-  return __atomic_load_n(&_keel_central[c].slabs, __ATOMIC_RELAXED) >= KEEL_FINE_GROUP_SLABS;
+  return __atomic_load_n(&keel_central_of(c)->slabs, __ATOMIC_RELAXED) >= KEEL_FINE_GROUP_SLABS;
 }
 
 /* The classes that coarse class c served now serve themselves; false if they did already

@@ -10,13 +10,14 @@ uint64_t _keel_checked_quarantine_bytes(void);
 
 /* A class without slabs has no blocks anywhere (a block in a cache keeps its slab), so
  * there is nothing to report, and taking its lock would write to its line of
- * _keel_central: locking all 120 classes for one statistics snapshot dirtied 32 KiB of
+ * _keel_central_slots: locking all 127 classes for one statistics snapshot dirtied 32 KiB of
  * otherwise untouched memory in every process (the purger publishes a snapshot after
  * the first second). A racy read is enough: a class that gets its first slab meanwhile
  * is reported as it was a moment before. */
-__attribute__((no_sanitize("thread"))) static bool class_empty(const keel_central_t* cl) {
+__attribute__((no_sanitize("thread"))) static bool class_empty(unsigned cls) {
+  const keel_central_t* cl = keel_central_of(cls);
   return __atomic_load_n(&cl->slabs, __ATOMIC_RELAXED) == 0 && __atomic_load_n(&cl->nbatches, __ATOMIC_RELAXED) == 0 &&
-         _keel_central_carved_blocks((unsigned)(cl - _keel_central)) == 0;
+         _keel_central_carved_blocks(cls) == 0;
 }
 
 void _keel_stats_collect(keel_stats_t* out) {
@@ -26,9 +27,9 @@ void _keel_stats_collect(keel_stats_t* out) {
   keel_ensure_init();
   uint64_t in_slabs = 0, slab_bytes = 0, transfer = 0;
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
-    keel_central_t* cl = &_keel_central[cls];
+    keel_central_t* cl = keel_central_of(cls);
     const keel_class_t* k = &_keel_classes[cls];
-    if (class_empty(cl)) continue;
+    if (class_empty(cls)) continue;
     keel_lock(&cl->lock);
     /* Holes carved out of this class's slabs count as the blocks carved from them. */
     in_slabs += (cl->out - _keel_central_carved_from(cls)) * k->size +
@@ -138,9 +139,9 @@ KEEL_API size_t keel_stats_classes(keel_class_stats_t* out, size_t max) {
   _keel_tcache_class_counts(in_caches);
   size_t n = 0;
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES && n < max; cls++, n++) {
-    keel_central_t* cl = &_keel_central[cls];
+    keel_central_t* cl = keel_central_of(cls);
     const keel_class_t* k = &_keel_classes[cls];
-    if (class_empty(cl)) {
+    if (class_empty(cls)) {
       out[n] = (keel_class_stats_t){.block_size = k->size, .blocks_cached = in_caches[cls]};
       continue;
     }
@@ -160,7 +161,7 @@ KEEL_API size_t keel_stats_classes(keel_class_stats_t* out, size_t max) {
 KEEL_API size_t keel_stats_locks(keel_lock_stats_t* out, size_t max) {
   keel_ensure_init();
   keel_lock_stats_t all[LOCK_KINDS] = {{"central", 0, 0, 0}};
-  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) _keel_lock_read(&_keel_central[cls].lock, &all[0]);
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) _keel_lock_read(&keel_central_of(cls)->lock, &all[0]);
   static const char* const names[LOCK_KINDS] = {"central", "page heap", "huge", "threads",
                                                 "metadata", "page map", "profile", "quarantine"};
   keel_lock_t* const locks[LOCK_KINDS] = {NULL, _keel_lock_pageheap, _keel_lock_huge, _keel_lock_threads,

@@ -57,7 +57,7 @@ static uint32_t initial_max(unsigned cls) {
 #define SMALL_CLASS_SLABS 4
 static uint32_t bin_batch(const keel_class_t* k, unsigned cls) {
   if (k->batch < 2 || _keel_classes_are_fine() ||
-      __atomic_load_n(&_keel_central[cls].slabs, __ATOMIC_RELAXED) >= SMALL_CLASS_SLABS)
+      __atomic_load_n(&keel_central_of(cls)->slabs, __ATOMIC_RELAXED) >= SMALL_CLASS_SLABS)
     return k->batch;
   return k->batch / 2u;
 }

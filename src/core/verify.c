@@ -83,7 +83,7 @@ void _keel_verify(void) {
     }
   }
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
-    keel_central_t* cl = &_keel_central[cls];
+    keel_central_t* cl = keel_central_of(cls);
     const keel_class_t* kc = &_keel_classes[cls];
     VERIFY(cl->out == used_by_class[cls]);
     VERIFY(cl->nbatches <= kc->transfer_max);

@@ -186,7 +186,7 @@ static void test_central(void) {
   _keel_central_give(cls, second, rest);
   _keel_central_give(cls, list3, got3);
   _keel_central_purge_all(0); /* back to the slabs, nothing trimmed */
-  CHECK(_keel_central[cls].out == 0);
+  CHECK(keel_central_of(cls)->out == 0);
 }
 
 static void test_huge_table(void) {
@@ -341,7 +341,7 @@ static void test_fine_classes(void) {
   /* Both groups are small: the 224-byte class serves 200 bytes on, the 1,280-byte class
    * a 1,030-byte string. */
   unsigned c224 = keel_fine_class(224), c208 = keel_fine_class(208), c1280 = keel_fine_class(1280);
-  CHECK(_keel_central[c224].slabs < KEEL_FINE_GROUP_SLABS);
+  CHECK(keel_central_of(c224)->slabs < KEEL_FINE_GROUP_SLABS);
   CHECK(_keel_class_serving[c208] == c224 && _keel_class_group_pending[c224]);
   void* string = malloc(1030);
   CHECK(malloc_usable_size(string) == 1280);
@@ -350,7 +350,7 @@ static void test_fine_classes(void) {
   static void* taken[8192];
   unsigned ntaken = take_until_switched(c224, taken, 8192);
   CHECK(!_keel_class_group_pending[c224]);
-  CHECK(_keel_central[c224].slabs >= KEEL_FINE_GROUP_SLABS && _keel_central[c224].partial == NULL);
+  CHECK(keel_central_of(c224)->slabs >= KEEL_FINE_GROUP_SLABS && keel_central_of(c224)->partial == NULL);
   CHECK(_keel_class_group_pending[c1280]); /* the other group is still small */
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++)
     if (!_keel_class_group_pending[_keel_class_serving[cls]]) CHECK(_keel_class_serving[cls] == cls);
@@ -404,7 +404,7 @@ static void test_half_batches(void) {
   TEST_SECTION("half batches beside the transfer cache");
   unsigned cls = keel_fine_class(448);
   const keel_class_t* k = &_keel_classes[cls];
-  keel_central_t* cl = &_keel_central[cls];
+  keel_central_t* cl = keel_central_of(cls);
   uint32_t h = k->batch / 2, got = 0;
   CHECK(k->batch % 2 == 0 && h >= 2);
   keel_purge(); /* no batch parked, no half waiting */
@@ -457,7 +457,7 @@ static void test_busy_trim(void) {
   _keel_options.background_purge = false; /* the purger thread must not decay meanwhile */
   unsigned cls = keel_size_class(1000);
   const keel_class_t* k = &_keel_classes[cls];
-  keel_central_t* cl = &_keel_central[cls];
+  keel_central_t* cl = keel_central_of(cls);
   enum { N = 1024, IDLE = 1000 };
   static void* b[N];
   uint64_t out_before = cl->out;
@@ -572,9 +572,9 @@ static void test_borrow(void) {
   enum { N = 256, IDLE = 1000, MAX_DRAINED = 4096 };
   unsigned mine = keel_size_class(1500), lender = keel_size_class(2000);
   const keel_class_t* lk = &_keel_classes[lender];
-  keel_central_t* lcl = &_keel_central[lender];
+  keel_central_t* lcl = keel_central_of(lender);
   CHECK(_keel_classes[mine].size == 1536 && lk->size == 2048);
-  for (unsigned c = mine + 1; c < lender; c++) CHECK(_keel_central[c].partial == NULL);
+  for (unsigned c = mine + 1; c < lender; c++) CHECK(keel_central_of(c)->partial == NULL);
   CHECK(lcl->partial == NULL && lcl->out == 0); /* no other test used the lender */
   static void* b[N];
   static bool live[N], lent[N];
@@ -748,7 +748,7 @@ static void test_carve(void) {
   unsigned mine = keel_size_class(40), lender = keel_size_class(32 + 4 * 48);
   const keel_class_t* mk = &_keel_classes[mine];
   const keel_class_t* lk = &_keel_classes[lender];
-  keel_central_t* lcl = &_keel_central[lender];
+  keel_central_t* lcl = keel_central_of(lender);
   unsigned count = (lk->size - 32) / mk->size;
   CHECK(mk->size == 48 && lk->size == 224 && count == 4);
   CHECK(lcl->partial == NULL && lcl->out == 0); /* no other test used the lender */
