@@ -442,25 +442,81 @@ typedef int (*ctl_act_t)(const size_t* mib);
 typedef int (*ctl_raw_t)(RAW_ARGS);
 typedef bool (*ctl_index_t)(uint64_t i);
 
+/* The tree holds no pointer: every pointer in a constant table is relocated by the loader
+ * when libkeel is mapped, which writes its page in every process (the tree's 8 KiB of
+ * pointers were two pages of RssAnon in each, and again in each PostgreSQL backend).
+ * Names are inline, children and handlers are small indices into the tables at the end
+ * of the tree (about 1 KiB of pointers, on the page the loader writes anyway). The lists
+ * name every handler and directory once. */
+#define CTL_GETTERS(X) \
+  X(g_false) X(g_debug) X(g_empty) X(g_true) \
+  X(g_disabled) X(g_one) X(g_oversize) X(g_opt_bg) \
+  X(g_opt_dirty) X(g_zero) X(g_junk) X(g_opt_tcache) \
+  X(g_tcache_max) X(g_default) X(g_stats_print) X(g_minus_one) \
+  X(g_free) X(g_tc_enabled) X(g_initialized) X(g_dirty_ms) \
+  X(g_bin_size) X(g_bin_nregs) X(g_bin_slab) X(g_lextent_size) \
+  X(g_arenas_dirty) X(g_arenas_muzzy) X(g_quantum) X(g_page) \
+  X(g_nbins) X(g_nhbins) X(g_nlextents) X(g_bg_threads) \
+  X(g_purge_runs) X(g_small_alloc) X(g_large_alloc) X(g_curregs) \
+  X(g_curslabs) X(g_nthreads) X(g_dss_na) X(g_pactive) \
+  X(g_pdirty) X(g_mapped) X(g_retained) X(g_metadata) \
+  X(g_tcache_bytes) X(g_resident) X(g_purged_pages) X(g_allocated) \
+  X(g_active) X(g_version) X(g_bg)
+#define CTL_SETTERS(X) \
+  X(s_tc_enabled) X(s_thread_arena) X(s_dirty_ms) X(s_muzzy_ms) \
+  X(s_arenas_dirty) X(s_arenas_muzzy) X(s_bg) X(s_max_bg)
+#define CTL_ACTIONS(X) \
+  X(a_flush) X(a_decay) X(a_purge) X(a_efault)
+#define CTL_RAWS(X) \
+  X(r_tcache_create) X(r_tcache_flush) X(r_tcache_destroy) X(r_arena_dss) \
+  X(r_arenas_create) X(r_arenas_lookup) X(r_epoch)
+#define CTL_INDEXES(X) \
+  X(idx_arena) X(idx_bin) X(idx_lextent) X(idx_stats_arena)
+#define CTL_DIRS(X) \
+  X(config_kids) X(opt_kids) X(thread_tcache_kids) \
+  X(thread_kids) X(tcache_kids) X(arena_i_kids) \
+  X(arena_idx) X(arenas_bin_i_kids) X(arenas_bin_idx) \
+  X(arenas_lextent_i_kids) X(arenas_lextent_idx) X(arenas_kids) \
+  X(stats_bg_kids) X(stats_arenas_small_kids) X(stats_arenas_large_kids) \
+  X(stats_arenas_bins_j_kids) X(stats_arenas_bins_idx) X(stats_arenas_i_kids) \
+  X(stats_arenas_idx) X(stats_kids) X(root_kids)
+#define CTL_ID(prefix, fn) prefix##fn,
+#define G_ID(fn) CTL_ID(G_, fn)
+#define S_ID(fn) CTL_ID(S_, fn)
+#define A_ID(fn) CTL_ID(A_, fn)
+#define R_ID(fn) CTL_ID(R_, fn)
+#define I_ID(fn) CTL_ID(I_, fn)
+#define D_ID(fn) CTL_ID(D_, fn)
+enum { G_NONE, CTL_GETTERS(G_ID) G_COUNT };
+enum { S_NONE, CTL_SETTERS(S_ID) S_COUNT };
+enum { A_NONE, CTL_ACTIONS(A_ID) A_COUNT };
+enum { R_NONE, CTL_RAWS(R_ID) R_COUNT };
+enum { I_NONE, CTL_INDEXES(I_ID) I_COUNT };
+enum { D_NONE, CTL_DIRS(D_ID) D_COUNT };
+_Static_assert(G_COUNT <= 256 && D_COUNT <= 256, "a handler or directory id is a byte");
+
 typedef struct ctl_node_s {
-  const char* name;               /* NULL: stands for an integer that index_ok accepts */
-  const struct ctl_node_s* kids;  /* interior nodes: children (one unnamed = indexed) */
-  unsigned nkids;
-  int type;                       /* V_*: leaves with get (and set) */
-  ctl_get_t get;                  /* value leaves: read (r-) */
-  ctl_set_t set;                  /* and write (rw) */
-  ctl_act_t act;                  /* void leaves (--): an action */
-  ctl_raw_t raw;                  /* leaves with their own protocol */
-  ctl_index_t index_ok;
+  char name[28];    /* "" in an index node, which stands for an integer index_ok accepts */
+  uint8_t dir;      /* interior nodes: D_ id of the children (one index node = indexed) */
+  uint8_t type;     /* V_*: leaves with get (and set) */
+  uint8_t get, set; /* value leaves: G_ and S_ ids (read r-, write rw) */
+  uint8_t act;      /* void leaves (--): an action */
+  uint8_t raw;      /* leaves with their own protocol */
+  uint8_t index_ok; /* index nodes: I_ id */
 } ctl_node_t;
 
-#define N_RO(nm, t, g) {nm, NULL, 0, t, g, NULL, NULL, NULL, NULL}
-#define N_RW(nm, t, g, s) {nm, NULL, 0, t, g, s, NULL, NULL, NULL}
-#define N_ACT(nm, a) {nm, NULL, 0, V_NONE, NULL, NULL, a, NULL, NULL}
-#define N_RAW(nm, r) {nm, NULL, 0, V_NONE, NULL, NULL, NULL, r, NULL}
+/* The tree's 4.6 KiB are read by mallctl only: in their own section, which
+ * src/hot_text.ld puts with the unwind tables, never mapped in a run that does not call
+ * mallctl (in .rodata they made the first segment, read in every process, a page longer). */
+#define CTL_TREE __attribute__((section(".keel_cold_rodata")))
+
+#define N_RO(nm, t, g) {nm, D_NONE, t, G_##g, S_NONE, A_NONE, R_NONE, I_NONE}
+#define N_RW(nm, t, g, s) {nm, D_NONE, t, G_##g, S_##s, A_NONE, R_NONE, I_NONE}
+#define N_ACT(nm, a) {nm, D_NONE, V_NONE, G_NONE, S_NONE, A_##a, R_NONE, I_NONE}
+#define N_RAW(nm, r) {nm, D_NONE, V_NONE, G_NONE, S_NONE, A_NONE, R_##r, I_NONE}
 #define N_COUNT(k) ((unsigned)(sizeof(k) / sizeof((k)[0])))
-#define N_DIR(nm, k) {nm, k, N_COUNT(k), V_NONE, NULL, NULL, NULL, NULL, NULL}
-#define N_IDX(k, ok) {NULL, k, N_COUNT(k), V_NONE, NULL, NULL, NULL, NULL, ok}
+#define N_DIR(nm, k) {nm, D_##k, V_NONE, G_NONE, S_NONE, A_NONE, R_NONE, I_NONE}
+#define N_IDX(k, ok) {"", D_##k, V_NONE, G_NONE, S_NONE, A_NONE, R_NONE, I_##ok}
 
 #define GETN(fn, expr)                               \
   static int fn(const size_t* mib, val_t* v) {      \
@@ -523,7 +579,7 @@ static int s_max_bg(const size_t* mib, const val_t* v) {
   return v->n == 0 ? EINVAL : 0; /* Keel has one purger thread at most */
 }
 
-static const ctl_node_t config_kids[] = {
+static const ctl_node_t config_kids[] CTL_TREE = {
     N_RO("cache_oblivious", V_BOOL, g_false), N_RO("debug", V_BOOL, g_debug),
     N_RO("fill", V_BOOL, g_false),            N_RO("lazy_lock", V_BOOL, g_false),
     N_RO("malloc_conf", V_STR, g_empty),      N_RO("opt_safety_checks", V_BOOL, g_false),
@@ -549,7 +605,7 @@ GETN(g_tcache_max, _keel_options.check ? 0 : KEEL_CLASS_MAX) /* every class is c
 GETS(g_default, "default")
 GETS(g_free, "free") /* realloc(p, 0) frees, as glibc's */
 
-static const ctl_node_t opt_kids[] = {
+static const ctl_node_t opt_kids[] CTL_TREE = {
     N_RO("abort", V_BOOL, g_false),
     N_RO("abort_conf", V_BOOL, g_false),
     N_RO("cache_oblivious", V_BOOL, g_false),
@@ -599,11 +655,11 @@ static int s_thread_arena(const size_t* mib, const val_t* v) {
   return v->n < JE_NARENAS ? 0 : EFAULT;
 }
 
-static const ctl_node_t thread_tcache_kids[] = {
+static const ctl_node_t thread_tcache_kids[] CTL_TREE = {
     N_RW("enabled", V_BOOL, g_tc_enabled, s_tc_enabled),
     N_ACT("flush", a_flush),
 };
-static const ctl_node_t thread_kids[] = {
+static const ctl_node_t thread_kids[] CTL_TREE = {
     N_RW("arena", V_UNSIGNED, g_zero, s_thread_arena),
     N_DIR("tcache", thread_tcache_kids),
     N_ACT("idle", a_flush),
@@ -647,7 +703,7 @@ static int r_tcache_destroy(RAW_ARGS) {
   (void)mib;
   return tcache_write(oldp, oldlenp, newp, newlen, true);
 }
-static const ctl_node_t tcache_kids[] = {
+static const ctl_node_t tcache_kids[] CTL_TREE = {
     N_RAW("create", r_tcache_create),
     N_RAW("flush", r_tcache_flush),
     N_RAW("destroy", r_tcache_destroy),
@@ -704,7 +760,7 @@ static int s_muzzy_ms(const size_t* mib, const val_t* v) {
   (void)mib;
   return (int64_t)v->n < -1 ? EFAULT : 0; /* Keel has no muzzy state: purged is purged */
 }
-static const ctl_node_t arena_i_kids[] = {
+static const ctl_node_t arena_i_kids[] CTL_TREE = {
     N_RO("initialized", V_BOOL, g_initialized),
     N_ACT("decay", a_decay),
     N_ACT("purge", a_purge),
@@ -714,7 +770,7 @@ static const ctl_node_t arena_i_kids[] = {
     N_RW("dirty_decay_ms", V_SSIZE, g_dirty_ms, s_dirty_ms),
     N_RW("muzzy_decay_ms", V_SSIZE, g_zero, s_muzzy_ms),
 };
-static const ctl_node_t arena_idx[] = {N_IDX(arena_i_kids, idx_arena)};
+static const ctl_node_t arena_idx[] CTL_TREE = {N_IDX(arena_i_kids, idx_arena)};
 
 /* -- arenas -- */
 static int g_arenas_dirty(const size_t* mib, val_t* v) {
@@ -778,15 +834,15 @@ static int r_arenas_lookup(RAW_ARGS) {
   val_t v = {0, NULL};
   return ctl_read(V_UNSIGNED, &v, oldp, oldlenp);
 }
-static const ctl_node_t arenas_bin_i_kids[] = {
+static const ctl_node_t arenas_bin_i_kids[] CTL_TREE = {
     N_RO("size", V_SIZE, g_bin_size),
     N_RO("nregs", V_UNSIGNED, g_bin_nregs),
     N_RO("slab_size", V_SIZE, g_bin_slab),
 };
-static const ctl_node_t arenas_bin_idx[] = {N_IDX(arenas_bin_i_kids, idx_bin)};
-static const ctl_node_t arenas_lextent_i_kids[] = {N_RO("size", V_SIZE, g_lextent_size)};
-static const ctl_node_t arenas_lextent_idx[] = {N_IDX(arenas_lextent_i_kids, idx_lextent)};
-static const ctl_node_t arenas_kids[] = {
+static const ctl_node_t arenas_bin_idx[] CTL_TREE = {N_IDX(arenas_bin_i_kids, idx_bin)};
+static const ctl_node_t arenas_lextent_i_kids[] CTL_TREE = {N_RO("size", V_SIZE, g_lextent_size)};
+static const ctl_node_t arenas_lextent_idx[] CTL_TREE = {N_IDX(arenas_lextent_i_kids, idx_lextent)};
+static const ctl_node_t arenas_kids[] CTL_TREE = {
     N_RO("narenas", V_UNSIGNED, g_one),
     N_RW("dirty_decay_ms", V_SSIZE, g_arenas_dirty, s_arenas_dirty),
     N_RW("muzzy_decay_ms", V_SSIZE, g_arenas_muzzy, s_arenas_muzzy),
@@ -833,18 +889,18 @@ static int g_curslabs(const size_t* mib, val_t* v) {
   return 0;
 }
 
-static const ctl_node_t stats_bg_kids[] = {
+static const ctl_node_t stats_bg_kids[] CTL_TREE = {
     N_RO("num_threads", V_SIZE, g_bg_threads),
     N_RO("num_runs", V_U64, g_purge_runs),
 };
-static const ctl_node_t stats_arenas_small_kids[] = {N_RO("allocated", V_SIZE, g_small_alloc)};
-static const ctl_node_t stats_arenas_large_kids[] = {N_RO("allocated", V_SIZE, g_large_alloc)};
-static const ctl_node_t stats_arenas_bins_j_kids[] = {
+static const ctl_node_t stats_arenas_small_kids[] CTL_TREE = {N_RO("allocated", V_SIZE, g_small_alloc)};
+static const ctl_node_t stats_arenas_large_kids[] CTL_TREE = {N_RO("allocated", V_SIZE, g_large_alloc)};
+static const ctl_node_t stats_arenas_bins_j_kids[] CTL_TREE = {
     N_RO("curregs", V_SIZE, g_curregs),
     N_RO("curslabs", V_SIZE, g_curslabs),
 };
-static const ctl_node_t stats_arenas_bins_idx[] = {N_IDX(stats_arenas_bins_j_kids, idx_bin)};
-static const ctl_node_t stats_arenas_i_kids[] = {
+static const ctl_node_t stats_arenas_bins_idx[] CTL_TREE = {N_IDX(stats_arenas_bins_j_kids, idx_bin)};
+static const ctl_node_t stats_arenas_i_kids[] CTL_TREE = {
     N_RO("nthreads", V_UNSIGNED, g_nthreads),
     N_RO("dss", V_STR, g_dss_na),
     N_RO("dirty_decay_ms", V_SSIZE, g_dirty_ms),
@@ -869,8 +925,8 @@ static const ctl_node_t stats_arenas_i_kids[] = {
     N_DIR("large", stats_arenas_large_kids),
     N_DIR("bins", stats_arenas_bins_idx),
 };
-static const ctl_node_t stats_arenas_idx[] = {N_IDX(stats_arenas_i_kids, idx_stats_arena)};
-static const ctl_node_t stats_kids[] = {
+static const ctl_node_t stats_arenas_idx[] CTL_TREE = {N_IDX(stats_arenas_i_kids, idx_stats_arena)};
+static const ctl_node_t stats_kids[] CTL_TREE = {
     N_RO("allocated", V_SIZE, g_allocated),
     N_RO("active", V_SIZE, g_active),
     N_RO("metadata", V_SIZE, g_metadata),
@@ -882,7 +938,7 @@ static const ctl_node_t stats_kids[] = {
     N_DIR("arenas", stats_arenas_idx),
 };
 
-static const ctl_node_t root_kids[] = {
+static const ctl_node_t root_kids[] CTL_TREE = {
     N_RO("version", V_STR, g_version),
     N_RAW("epoch", r_epoch),
     N_RW("background_thread", V_BOOL, g_bg, s_bg),
@@ -895,7 +951,24 @@ static const ctl_node_t root_kids[] = {
     N_DIR("arenas", arenas_kids),
     N_DIR("stats", stats_kids),
 };
-static const ctl_node_t ctl_root = N_DIR("", root_kids);
+static const ctl_node_t ctl_root CTL_TREE = N_DIR("", root_kids);
+
+#define CTL_FN(fn) fn,
+static const ctl_get_t GET[G_COUNT] = {NULL, CTL_GETTERS(CTL_FN)};
+static const ctl_set_t SET[S_COUNT] = {NULL, CTL_SETTERS(CTL_FN)};
+static const ctl_act_t ACT[A_COUNT] = {NULL, CTL_ACTIONS(CTL_FN)};
+static const ctl_raw_t RAW[R_COUNT] = {NULL, CTL_RAWS(CTL_FN)};
+static const ctl_index_t INDEX_OK[I_COUNT] = {NULL, CTL_INDEXES(CTL_FN)};
+#define CTL_DIR(k) {k, N_COUNT(k)},
+static const struct ctl_dir_s {
+  const ctl_node_t* kids;
+  unsigned n;
+} DIRS[D_COUNT] = {{NULL, 0}, CTL_DIRS(CTL_DIR)};
+
+static const ctl_node_t* kids_of(const ctl_node_t* nd) { return DIRS[nd->dir].kids; }
+static unsigned nkids_of(const ctl_node_t* nd) { return DIRS[nd->dir].n; }
+static bool is_indexed(const ctl_node_t* dir) { return kids_of(dir)[0].index_ok != I_NONE; }
+static bool index_ok(const ctl_node_t* dir, uint64_t i) { return INDEX_OK[kids_of(dir)[0].index_ok](i); }
 
 #define CTL_MAX_DEPTH 8
 
@@ -910,21 +983,22 @@ static const ctl_node_t* ctl_lookup(const char* name, size_t* mib, size_t* depth
     const char* e = s;
     while (*e != 0 && *e != '.') e++;
     size_t len = (size_t)(e - s);
-    if (len == 0 || nd->kids == NULL) return NULL; /* empty component, or past a leaf */
-    if (nd->kids[0].name == NULL) {
+    if (len == 0 || nd->dir == D_NONE) return NULL; /* empty component, or past a leaf */
+    if (is_indexed(nd)) {
       uint64_t v = 0;
       for (const char* c = s; c < e; c++) {
         if (*c < '0' || *c > '9' || v > (UINT64_MAX - 9) / 10) return NULL;
         v = v * 10 + (uint64_t)(*c - '0');
       }
-      if (!nd->kids[0].index_ok(v)) return NULL;
+      if (!index_ok(nd, v)) return NULL;
       mib[i] = (size_t)v;
-      nd = &nd->kids[0];
+      nd = &kids_of(nd)[0];
     } else {
       const ctl_node_t* next = NULL;
-      for (unsigned k = 0; k < nd->nkids; k++)
-        if (strncmp(nd->kids[k].name, s, len) == 0 && nd->kids[k].name[len] == 0) {
-          next = &nd->kids[k];
+      const ctl_node_t* kids = kids_of(nd);
+      for (unsigned k = 0; k < nkids_of(nd); k++)
+        if (len < sizeof kids[k].name && strncmp(kids[k].name, s, len) == 0 && kids[k].name[len] == 0) {
+          next = &kids[k];
           mib[i] = k;
           break;
         }
@@ -942,21 +1016,21 @@ static const ctl_node_t* ctl_lookup(const char* name, size_t* mib, size_t* depth
 
 static int ctl_call(const ctl_node_t* nd, const size_t* mib, void* oldp, size_t* oldlenp,
                     void* newp, size_t newlen) {
-  if (nd->kids != NULL) return ENOENT; /* an interior node names no value */
-  if (nd->raw) return nd->raw(mib, oldp, oldlenp, newp, newlen);
+  if (nd->dir != D_NONE) return ENOENT; /* an interior node names no value */
+  if (nd->raw) return RAW[nd->raw](mib, oldp, oldlenp, newp, newlen);
   if (nd->act) {
     if (oldp != NULL || oldlenp != NULL || newp != NULL || newlen != 0) return EPERM;
-    return nd->act(mib);
+    return ACT[nd->act](mib);
   }
-  if (nd->set == NULL && (newp != NULL || newlen != 0)) return EPERM;
+  if (nd->set == S_NONE && (newp != NULL || newlen != 0)) return EPERM;
   val_t old = {0, NULL};
-  int r = nd->get(mib, &old);
+  int r = GET[nd->get](mib, &old);
   if (r != 0) return r;
   if (newp != NULL) {
     if (newlen != val_size(nd->type)) return EINVAL;
     val_t nv;
     val_decode(nd->type, newp, &nv);
-    r = nd->set(mib, &nv);
+    r = SET[nd->set](mib, &nv);
     if (r != 0) return r;
   }
   return ctl_read(nd->type, &old, oldp, oldlenp);
@@ -990,13 +1064,13 @@ API int mallctlbymib(const size_t* mib, size_t miblen, void* oldp, size_t* oldle
   keel_ensure_init();
   const ctl_node_t* nd = &ctl_root;
   for (size_t i = 0; i < miblen; i++) {
-    if (nd->kids == NULL) return ENOENT;
-    if (nd->kids[0].name == NULL) {
-      if (!nd->kids[0].index_ok(mib[i])) return ENOENT;
-      nd = &nd->kids[0];
+    if (nd->dir == D_NONE) return ENOENT;
+    if (is_indexed(nd)) {
+      if (!index_ok(nd, mib[i])) return ENOENT;
+      nd = &kids_of(nd)[0];
     } else {
-      if (mib[i] >= nd->nkids) return ENOENT;
-      nd = &nd->kids[mib[i]];
+      if (mib[i] >= nkids_of(nd)) return ENOENT;
+      nd = &kids_of(nd)[mib[i]];
     }
   }
   return ctl_call(nd, mib, oldp, oldlenp, newp, newlen);
@@ -1101,11 +1175,11 @@ static KEEL_COLD void j_close(out_t* o, int indent, char c) {
 static KEEL_COLD void print_dir(out_t* o, const ctl_node_t* dir, const char* prefix, bool json, int indent) {
   size_t mib[1] = {0};
   bool first = true;
-  for (unsigned k = 0; k < dir->nkids; k++) {
-    const ctl_node_t* nd = &dir->kids[k];
-    if (nd->get == NULL) continue;
+  for (unsigned k = 0; k < nkids_of(dir); k++) {
+    const ctl_node_t* nd = &kids_of(dir)[k];
+    if (nd->get == G_NONE) continue;
     val_t v = {0, NULL};
-    if (nd->get(mib, &v) != 0) continue;
+    if (GET[nd->get](mib, &v) != 0) continue;
     if (json) {
       j_key(o, &first, indent, nd->name);
     } else {
@@ -1120,7 +1194,7 @@ static KEEL_COLD void print_dir(out_t* o, const ctl_node_t* dir, const char* pre
 }
 
 static KEEL_COLD const ctl_node_t* root_child(const char* name) {
-  for (unsigned k = 0; k < ctl_root.nkids; k++)
+  for (unsigned k = 0; k < nkids_of(&ctl_root); k++)
     if (strcmp(root_kids[k].name, name) == 0) return &root_kids[k];
   return NULL;
 }
