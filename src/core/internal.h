@@ -106,7 +106,7 @@ typedef struct keel_class_s {
   uint64_t div_magic;  /* (offset * div_magic) >> 40 == offset / size for slab offsets */
 } keel_class_t;
 
-extern keel_class_t _keel_classes[KEEL_NUM_CLASSES] KEEL_INTERNAL;
+extern const keel_class_t _keel_classes[KEEL_NUM_CLASSES] KEEL_INTERNAL;
 void _keel_classes_init(void) KEEL_INTERNAL;
 
 /* Coarse, then fine. A small heap pays for every class it uses (a partly used page of

@@ -7,59 +7,64 @@
  * A small heap is served by a coarse subset of them (internal.h, "Coarse, then fine"). */
 #include "core/internal.h"
 
-keel_class_t _keel_classes[KEEL_NUM_CLASSES];
 uint8_t _keel_class_serving[KEEL_NUM_CLASSES];
 uint8_t _keel_class_group_pending[KEEL_NUM_CLASSES];
 static uint8_t coarse_of[KEEL_NUM_CLASSES]; /* the class that serves each one while coarse */
 static bool fine; /* the heap has reached KEEL_FINE_CLASSES */
 
-static size_t class_size(unsigned cls) {
-  if (cls <= 64) return (size_t)cls * 16;
-  unsigned k = cls - 65, b = 10 + k / 9, idx = k % 9;
-  if (idx == 0) return ((size_t)1 << b) + ((size_t)1 << (b - 6));
-  return ((size_t)1 << b) + (size_t)idx * ((size_t)1 << (b - 3));
-}
-
-static size_t clamp(size_t v, size_t lo, size_t hi) { return v < lo ? lo : v > hi ? hi : v; }
+/* The table is a constant, computed by the compiler: read-only data is file pages shared
+ * by every process, where a table filled in at start-up was 4 KiB of RssAnon in each
+ * (and in each child of a forking server). tests/unit checks it against the rules,
+ * computed at run time. The rules, per class c:
+ *   size     16-byte steps up to 1 KiB; above, for b = 10 + (c - 65) / 9 and i = (c - 65)
+ *            mod 9: 2^b + 2^b/64 for i = 0, else 2^b + i * 2^b/8;
+ *   units    the smallest slab (1, 2, 4, 8 or 16 units) with at least 8 blocks and at most
+ *            1/16 of it left over, else 16;
+ *   count    blocks in the slab, at most KEEL_SLAB_MAX_OBJECTS;
+ *   batch    about 8 KiB of blocks (1-32), even when above 1: it splits into two halves;
+ *   bin_limit, transfer_max  about 16 KiB of blocks in a bin (at least two batches) and
+ *            in the transfer cache (1-8 batches); none above KEEL_CACHED_MAX;
+ *   div_magic  (offset * div_magic) >> 40 == offset / size for every slab offset.
+ * Batches of about 8 KiB, bins of about 16 KiB: every class a thread uses can hold that
+ * much in its cache, and a program or server with a hundred classes in use keeps that
+ * much per class in each thread's bins and in the transfer cache. bench/ (5 alternated
+ * runs each): going from 64 to 16 KiB batches cost no time and cut peak RSS 10 % in
+ * geometric mean; from 16 to 8 KiB, 1 % more time and 6 % less peak RSS (prodcons 8.2 ->
+ * 5.8 MiB, xthread 6.2 -> 5.5); 4 KiB cut another 5 % but cost 2-3 % (larson 8 %).
+ * Blocks above KEEL_CACHED_MAX are not cached at all (like jemalloc's tcache_max): each
+ * is worth at least tens of KiB of touched memory, which in a cache stays resident, while
+ * back in its slab its pages are purged once idle; and the central list's lock costs
+ * little next to using that much memory. A PostgreSQL postmaster held 290 KiB of such
+ * blocks in its cache (AllocSet blocks of freed memory contexts), and every backend it
+ * forks inherits them. */
+#define CK(c) ((c) <= 64 ? 0u : (unsigned)(c) - 65u)
+#define CB(c) (10u + CK(c) / 9u)
+#define CI(c) (CK(c) % 9u)
+#define C_SIZE(c) ((c) <= 64 ? (unsigned)(c) * 16u                                   \
+                   : CI(c) == 0 ? (1u << CB(c)) + (1u << (CB(c) - 6u))               \
+                                : (1u << CB(c)) + CI(c) * (1u << (CB(c) - 3u)))
+#define C_FITS(sz, u) ((u) * 65536u / (sz) >= 8u && ((u) * 65536u % (sz)) * 16u <= (u) * 65536u)
+#define C_UNITS(sz) (C_FITS(sz, 1u) ? 1u : C_FITS(sz, 2u) ? 2u : C_FITS(sz, 4u) ? 4u : C_FITS(sz, 8u) ? 8u : 16u)
+#define C_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define C_CLAMP(v, lo, hi) ((v) < (lo) ? (lo) : (v) > (hi) ? (hi) : (v))
+#define C_BATCH0(sz) C_CLAMP(8192u / (sz), 1u, 32u)
+#define C_BATCH(sz) (C_BATCH0(sz) > 1u ? C_BATCH0(sz) & ~1u : 1u)
+#define C_CACHED(sz) ((sz) <= KEEL_CACHED_MAX)
+#define C_BIN_LIMIT(sz) (C_CACHED(sz) ? C_CLAMP(16384u / (sz), 2u * C_BATCH(sz), 1024u) : 0u)
+#define C_TRANSFER(sz) \
+  (C_CACHED(sz) ? C_CLAMP(16384u / (C_BATCH(sz) * (sz)), 1u, (unsigned)KEEL_TRANSFER_SLOTS) : 0u)
+#define C_ENTRY(sz)                                                                          \
+  {(sz), C_MIN(C_UNITS(sz) * 65536u / (sz), (unsigned)KEEL_SLAB_MAX_OBJECTS), C_UNITS(sz),   \
+   C_BATCH(sz), C_BIN_LIMIT(sz), C_TRANSFER(sz), ((1ull << 40) + (sz) - 1u) / (sz)}
+#define C1(c) C_ENTRY(C_SIZE(c))
+#define C4(c) C1(c), C1((c) + 1), C1((c) + 2), C1((c) + 3)
+#define C16(c) C4(c), C4((c) + 4), C4((c) + 8), C4((c) + 12)
+const keel_class_t _keel_classes[KEEL_NUM_CLASSES] = {
+    {0, 0, 0, 0, 0, 0, 0}, C1(1),   C1(2),   C1(3),   C4(4),   C4(8),   C4(12), C16(16),
+    C16(32),               C16(48), C16(64), C16(80), C16(96), C16(112)};
+_Static_assert(KEEL_UNIT_SIZE == 65536u, "the table's slabs are in 64 KiB units");
 
 void _keel_classes_init(void) {
-  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
-    keel_class_t* c = &_keel_classes[cls];
-    size_t size = class_size(cls);
-    size_t units = 1;
-    /* Smallest slab with at least 8 blocks and at most 1/16 of it left over. */
-    for (size_t u = 1; u <= 16; u *= 2) {
-      size_t bytes = u * KEEL_UNIT_SIZE, count = bytes / size;
-      units = u;
-      if (count >= 8 && (bytes - count * size) * 16 <= bytes) break;
-    }
-    size_t count = units * KEEL_UNIT_SIZE / size;
-    if (count > KEEL_SLAB_MAX_OBJECTS) count = KEEL_SLAB_MAX_OBJECTS;
-    c->size = (uint32_t)size;
-    c->units = (uint16_t)units;
-    c->count = (uint32_t)count;
-    /* Batches of about 8 KiB, bins of about 16 KiB: every class a thread uses can
-     * hold that much in its cache, and a program or server with a hundred classes in
-     * use keeps that much per class in each thread's bins and in the transfer cache.
-     * bench/ (5 alternated runs each): going from 64 to 16 KiB batches cost no time
-     * and cut peak RSS 10 % in geometric mean; from 16 to 8 KiB, 1 % more time and
-     * 6 % less peak RSS (prodcons 8.2 -> 5.8 MiB, xthread 6.2 -> 5.5); 4 KiB cut
-     * another 5 % but cost 2-3 % (larson 8 %). */
-    c->batch = (uint16_t)clamp(((size_t)8 << 10) / size, 1, 32);
-    if (c->batch > 1) c->batch &= (uint16_t)~1u; /* even: it splits into two half batches */
-    c->bin_limit = (uint32_t)clamp(((size_t)16 << 10) / size, 2u * c->batch, 1024);
-    /* Enough parked batches to absorb a burst, but about 16 KiB of blocks per class;
-     * idle batches also decay back to their slabs (central.c). */
-    c->transfer_max = (uint32_t)clamp(((size_t)16 << 10) / (c->batch * size), 1, KEEL_TRANSFER_SLOTS);
-    /* Blocks above KEEL_CACHED_MAX are not cached at all (like jemalloc's tcache_max):
-     * each is worth at least tens of KiB of touched memory, which in a cache stays
-     * resident, while back in its slab its pages are purged once idle; and the central
-     * list's lock costs little next to using that much memory. A PostgreSQL postmaster
-     * held 290 KiB of such blocks in its cache (AllocSet blocks of freed memory
-     * contexts), and every backend it forks inherits them. */
-    if (size > KEEL_CACHED_MAX) c->bin_limit = c->transfer_max = 0;
-    c->div_magic = (((uint64_t)1 << 40) + size - 1) / size;
-  }
   /* Coarse classes: up to 128 bytes every class, above that the four per doubling
    * (sizes a multiple of a quarter of their power of two: 160, 192, 224, 256, 320, ...).
    * Each fine class is served by the smallest coarse class at least as big. */

@@ -83,6 +83,42 @@ static void test_size_classes(void) {
     /* Slack inside a block is bounded: at most 1/8 above 1 KiB, 15 bytes below. */
     if (k->size > 1024) CHECK(_keel_classes[cls - 1].size * 9 >= k->size * 8 - 1);
   }
+  /* The table is computed by the compiler (size_class.c): the same rules at run time. */
+  CHECK(_keel_classes[0].size == 0 && _keel_classes[0].count == 0);
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
+    const keel_class_t* k = &_keel_classes[cls];
+    size_t size;
+    if (cls <= 64) {
+      size = (size_t)cls * 16;
+    } else {
+      unsigned i = (cls - 65) % 9, b = 10 + (cls - 65) / 9;
+      size = ((size_t)1 << b) + (i == 0 ? (size_t)1 << (b - 6) : (size_t)i << (b - 3));
+    }
+    size_t units = 16;
+    for (size_t u = 1; u <= 16; u *= 2) {
+      size_t bytes = u * KEEL_UNIT_SIZE, n = bytes / size;
+      if (n >= 8 && (bytes - n * size) * 16 <= bytes) {
+        units = u;
+        break;
+      }
+    }
+    size_t count = units * KEEL_UNIT_SIZE / size;
+    if (count > KEEL_SLAB_MAX_OBJECTS) count = KEEL_SLAB_MAX_OBJECTS;
+    size_t batch = 8192 / size < 1 ? 1 : 8192 / size > 32 ? 32 : 8192 / size;
+    if (batch > 1) batch &= ~(size_t)1;
+    size_t bin = 16384 / size < 2 * batch ? 2 * batch : 16384 / size > 1024 ? 1024 : 16384 / size;
+    size_t transfer = 16384 / (batch * size);
+    transfer = transfer < 1 ? 1 : transfer > KEEL_TRANSFER_SLOTS ? KEEL_TRANSFER_SLOTS : transfer;
+    if (size > KEEL_CACHED_MAX) bin = transfer = 0;
+    uint64_t magic = (((uint64_t)1 << 40) + size - 1) / size;
+    if (k->size != size || k->units != units || k->count != count || k->batch != batch ||
+        k->bin_limit != bin || k->transfer_max != transfer || k->div_magic != magic) {
+      CHECK_MSG(0, "class %u: table {%u, %u, %u, %u, %u, %u} against the rules {%zu, %zu, %zu, %zu, %zu, %zu}",
+                cls, k->size, k->units, k->count, k->batch, k->bin_limit, k->transfer_max, size, units,
+                count, batch, bin, transfer);
+      break;
+    }
+  }
 }
 
 static void test_pagemap(void) {
