@@ -31,9 +31,14 @@ keel_lock_t* const _keel_lock_pagemap = &map_lock; /* statistics (stats.c) */
 static unsigned map_bits;          /* log2 of the map's size; 0 before it exists */
 static uintptr_t window_lo, window_len; /* reduced map only: the addresses it covers */
 static bool window_placed;               /* window_lo set (at the first address set) */
-/* 32 KiB of which a process touches a word or two: with the rarely used data
- * (src/hot_text.ld), so that it does not push the next file's variables onto a page
- * of their own. */
+/* Which slices are writable. The first FIRST_SLICES a process makes writable are listed
+ * on the page of data every process writes (a process spans one or two gigabytes
+ * unless its heap is big); the rest are bits in a 32 KiB bitmap laid out with the
+ * rarely used data (src/hot_text.ld), whose page holding a word is written only then:
+ * with every slice in the bitmap, that page was 4 KiB of RssAnon in every process.
+ * Listed entries are slice + 1, written under the map lock and read without it. */
+#define FIRST_SLICES 8
+static uint32_t first_slices[FIRST_SLICES] KEEL_ALWAYS_BSS;
 static uint64_t slice_writable[(1u << (FULL_BITS - SLICE_BITS)) / 64] KEEL_SPARSE_BSS;
 
 /* Map lock held. The reduced map's window is placed around the first address set. */
@@ -51,7 +56,22 @@ static bool reserve(void) {
 }
 
 static bool slice_is_writable(size_t slice) {
+  for (unsigned k = 0; k < FIRST_SLICES; k++) {
+    uint32_t e = __atomic_load_n(&first_slices[k], __ATOMIC_ACQUIRE);
+    if (e == slice + 1) return true;
+    if (e == 0) return false; /* listed in order: the bitmap is used only once all are */
+  }
   return (__atomic_load_n(&slice_writable[slice / 64], __ATOMIC_ACQUIRE) >> (slice % 64)) & 1;
+}
+
+/* Map lock held. */
+static void mark_writable(size_t slice) {
+  for (unsigned k = 0; k < FIRST_SLICES; k++)
+    if (first_slices[k] == 0) {
+      __atomic_store_n(&first_slices[k], (uint32_t)slice + 1, __ATOMIC_RELEASE);
+      return;
+    }
+  __atomic_fetch_or(&slice_writable[slice / 64], (uint64_t)1 << (slice % 64), __ATOMIC_RELEASE);
 }
 
 /* Makes the slice holding map index i writable. */
@@ -67,7 +87,7 @@ static bool make_writable(size_t i) {
     uintptr_t hi = ((uintptr_t)_keel_pagemap_base + (slice << SLICE_BITS) + bytes + page - 1) &
                    ~(uintptr_t)(page - 1);
     ok = _keel_prim_protect((void*)lo, hi - lo, true);
-    if (ok) __atomic_fetch_or(&slice_writable[slice / 64], (uint64_t)1 << (slice % 64), __ATOMIC_RELEASE);
+    if (ok) mark_writable(slice);
   }
   keel_unlock(&map_lock);
   return ok;
