@@ -48,19 +48,19 @@ static inline keel_central_t* lock_class(unsigned cls) {
  * that wants half a batch takes it, or the front half of a parked batch (the rest then
  * waits here). So half batches travel between threads in O(batch) under the class lock,
  * as whole ones do, instead of through the slabs' bitmaps. Written under the class lock,
- * read without it by the hints (_keel_central_has_free, the decay's skip test). */
-static void* half_batch[KEEL_NUM_CLASSES];
+ * read without it by the hints (_keel_central_has_free, the decay's skip test). The list
+ * is the central entry's half_batch. */
 
 static inline uint32_t half_of(const keel_class_t* k) { return k->batch / 2u; }
 
-void* _keel_central_half_list(unsigned cls) { return half_batch[cls]; }
+void* _keel_central_half_list(unsigned cls) { return keel_central_of(cls)->half_batch; }
 
 uint32_t _keel_central_parked_blocks(unsigned cls) {
   return keel_central_of(cls)->nbatches * _keel_classes[cls].batch + _keel_central_half_blocks(cls);
 }
 
 uint32_t _keel_central_half_blocks(unsigned cls) {
-  return __atomic_load_n(&half_batch[cls], __ATOMIC_RELAXED) != NULL ? half_of(&_keel_classes[cls]) : 0;
+  return __atomic_load_n(&keel_central_of(cls)->half_batch, __ATOMIC_RELAXED) != NULL ? half_of(&_keel_classes[cls]) : 0;
 }
 
 static inline void* slab_base(keel_chunk_t* c, keel_slab_t* head) {
@@ -84,12 +84,11 @@ static void partial_push(keel_central_t* cl, keel_slab_t* s) {
   s->in_partial = 1;
 }
 
-/* Where a class's next search for a hole to lend starts (borrowing, below): a slab of
- * its partial list, or NULL for the head. */
-static keel_slab_t* lend_cursor[KEEL_NUM_CLASSES];
+/* A class's lend_cursor: where its next search for a hole to lend starts (borrowing,
+ * below), a slab of its partial list or NULL for the head. */
 
 static void partial_remove(keel_central_t* cl, keel_slab_t* s) {
-  keel_slab_t** cursor = &lend_cursor[s->cls];
+  keel_slab_t** cursor = &keel_central_of(s->cls)->lend_cursor;
   if (*cursor == s) *cursor = s->next;
   if (s->prev) s->prev->next = s->next;
   else __atomic_store_n(partial_list(cl, s), s->next, __ATOMIC_RELAXED);
@@ -232,18 +231,18 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
     *got = k->batch;
     return list;
   }
-  if (want == half_of(k) && want > 0 && (half_batch[cls] != NULL || cl->nbatches > 0)) {
+  if (want == half_of(k) && want > 0 && (keel_central_of(cls)->half_batch != NULL || cl->nbatches > 0)) {
     cl->touched = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
     __atomic_store_n(&cl->take_tick, cl->touched, __ATOMIC_RELAXED);
-    void* list = half_batch[cls];
+    void* list = keel_central_of(cls)->half_batch;
     if (list != NULL) {
-      __atomic_store_n(&half_batch[cls], NULL, __ATOMIC_RELAXED);
+      __atomic_store_n(&keel_central_of(cls)->half_batch, NULL, __ATOMIC_RELAXED);
     } else { /* the front half of a parked batch; its back half waits */
       __atomic_store_n(&cl->nbatches, cl->nbatches - 1, __ATOMIC_RELAXED);
       list = cl->batches[cl->nbatches];
       void** last = (void**)list;
       for (uint32_t i = 1; i < want; i++) last = (void**)*last;
-      __atomic_store_n(&half_batch[cls], *last, __ATOMIC_RELAXED);
+      __atomic_store_n(&keel_central_of(cls)->half_batch, *last, __ATOMIC_RELAXED);
       *last = NULL;
     }
     keel_unlock(&cl->lock);
@@ -283,7 +282,7 @@ bool _keel_central_has_free(unsigned cls) {
   const keel_central_t* cl = keel_central_of(cls);
   return __atomic_load_n(&cl->partial, __ATOMIC_RELAXED) != NULL ||
          __atomic_load_n(&cl->nbatches, __ATOMIC_RELAXED) != 0 ||
-         __atomic_load_n(&half_batch[cls], __ATOMIC_RELAXED) != NULL;
+         __atomic_load_n(&keel_central_of(cls)->half_batch, __ATOMIC_RELAXED) != NULL;
 }
 
 void* _keel_central_take_sampled(unsigned cls) {
@@ -400,10 +399,9 @@ static bool purge_allowed(keel_slab_t* s) {
 #define BORROW_SLABS 64      /* a lender's partly used slabs looked at per borrow */
 #define BORROW_CANDIDATES 512 /* a lender's free blocks looked at per borrow */
 
-/* 1 + the last tick a search of a class found nothing to lend: a class whose free
- * blocks lie on wholly free pages is searched in vain at most once a tick, not on every
- * request of every smaller class. */
-static uint32_t lend_miss_tick[KEEL_NUM_CLASSES];
+/* lend_miss_tick, 1 + the last tick a search of a class found nothing to lend: a class
+ * whose free blocks lie on wholly free pages is searched in vain at most once a tick,
+ * not on every request of every smaller class. */
 static uint64_t borrowed_blocks;
 
 /* True if every OS page under block idx of slab s also holds a block in use. */
@@ -507,12 +505,11 @@ typedef struct keel_carve_s {
 } keel_carve_t;
 _Static_assert(sizeof(keel_carve_t) <= CARVE_HEADER, "a carved hole's header must fit its 32 bytes");
 
-static keel_carve_t* carve_partial[KEEL_NUM_CLASSES]; /* under the class's lock */
 static void slab_put(keel_central_t* cl, unsigned cls, void* p);
 static uint64_t carved_holes;                         /* holes carved now */
-/* Per class, under its lock: carved blocks of it handed out, holes carved out of it
- * (counted in its `out`, but holding other classes' blocks: statistics). */
-static uint32_t carved_blocks[KEEL_NUM_CLASSES], carved_from[KEEL_NUM_CLASSES];
+/* Per class, under its lock: carve_partial, its carved holes with free blocks;
+ * carved_blocks, its blocks handed out of holes; carved_from, holes carved out of its
+ * slabs (counted in its `out`, but holding other classes' blocks: statistics). */
 
 /* The carved-hole bitmap of slab s (of class k) follows its free bitmap: word w of it is
  * bitmap word words + w, which the row has room for while 2 * words <= 64. */
@@ -532,21 +529,21 @@ static bool carve_mark(keel_slab_t* s, const keel_class_t* k, size_t idx) {
   }
   KEEL_SLAB_BITS(s, words + idx / 64) |= (uint64_t)1 << (idx % 64);
   s->carved++;
-  carved_from[s->cls]++;
+  keel_central_of(s->cls)->carved_from++;
   return true;
 }
 
 static void carve_list_push(unsigned cls, keel_carve_t* d) {
   d->prev = NULL;
-  d->next = carve_partial[cls];
+  d->next = keel_central_of(cls)->carve_partial;
   if (d->next) d->next->prev = d;
-  __atomic_store_n(&carve_partial[cls], d, __ATOMIC_RELAXED);
+  __atomic_store_n(&keel_central_of(cls)->carve_partial, d, __ATOMIC_RELAXED);
   d->listed = 1;
 }
 
 static void carve_list_remove(unsigned cls, keel_carve_t* d) {
   if (d->prev) d->prev->next = d->next;
-  else __atomic_store_n(&carve_partial[cls], d->next, __ATOMIC_RELAXED);
+  else __atomic_store_n(&keel_central_of(cls)->carve_partial, d->next, __ATOMIC_RELAXED);
   if (d->next) d->next->prev = d->prev;
   d->listed = 0;
 }
@@ -556,7 +553,7 @@ static void* carve_take_block(unsigned cls, keel_carve_t* d) {
   unsigned i = (unsigned)__builtin_ctzll(d->free);
   d->free &= d->free - 1;
   d->used++;
-  __atomic_store_n(&carved_blocks[cls], carved_blocks[cls] + 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&keel_central_of(cls)->carved_blocks, keel_central_of(cls)->carved_blocks + 1, __ATOMIC_RELAXED);
   if (d->free == 0) carve_list_remove(cls, d);
   void** p = (void**)((char*)d + CARVE_HEADER + (size_t)i * _keel_classes[cls].size);
   p[1] = NULL;
@@ -569,7 +566,7 @@ static void* take_hole(unsigned lender, uint32_t now, uint32_t cold, bool carve)
   keel_central_t* cl = keel_central_of(lender);
   const keel_class_t* k = &_keel_classes[lender];
   if (__atomic_load_n(&cl->partial, __ATOMIC_RELAXED) == NULL || !can_lend(cl, k, now, cold) ||
-      __atomic_load_n(&lend_miss_tick[lender], __ATOMIC_RELAXED) == now + 1)
+      __atomic_load_n(&keel_central_of(lender)->lend_miss_tick, __ATOMIC_RELAXED) == now + 1)
     return NULL;
   unsigned budget = BORROW_CANDIDATES;
   /* Never wait for a lender: threads that borrow at once, or a lender busy with its
@@ -578,7 +575,7 @@ static void* take_hole(unsigned lender, uint32_t now, uint32_t cold, bool carve)
   long idx = -1;
   /* The search goes round the partial list from where the last one stopped, so the
    * slabs at its head, once lent out, do not end every search. */
-  keel_slab_t** cursor = &lend_cursor[lender];
+  keel_slab_t** cursor = &keel_central_of(lender)->lend_cursor;
   keel_slab_t* s = NULL;
   if (can_lend(cl, k, now, cold) && cl->partial != NULL) {
     s = *cursor != NULL ? *cursor : cl->partial;
@@ -594,7 +591,7 @@ static void* take_hole(unsigned lender, uint32_t now, uint32_t cold, bool carve)
       s->used--;
     }
     keel_unlock(&cl->lock);
-    __atomic_store_n(&lend_miss_tick[lender], now + 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&keel_central_of(lender)->lend_miss_tick, now + 1, __ATOMIC_RELAXED);
     return NULL;
   }
   void** p = (void**)((char*)slab_base(keel_chunk_of(s), s) + (size_t)idx * k->size);
@@ -625,9 +622,9 @@ void* _keel_central_borrow(unsigned cls) {
 void* _keel_central_carve(unsigned cls) {
   const keel_class_t* kc = &_keel_classes[cls];
   keel_central_t* cl = keel_central_of(cls);
-  if (__atomic_load_n(&carve_partial[cls], __ATOMIC_RELAXED) != NULL) {
+  if (__atomic_load_n(&keel_central_of(cls)->carve_partial, __ATOMIC_RELAXED) != NULL) {
     keel_lock(&cl->lock);
-    void* p = carve_partial[cls] != NULL ? carve_take_block(cls, carve_partial[cls]) : NULL;
+    void* p = keel_central_of(cls)->carve_partial != NULL ? carve_take_block(cls, keel_central_of(cls)->carve_partial) : NULL;
     keel_unlock(&cl->lock);
     if (p != NULL) return p;
   }
@@ -698,7 +695,7 @@ static void carve_release(keel_carve_t* d) {
   size_t idx = (size_t)((char*)d - base) / k->size;
   KEEL_SLAB_BITS(s, bitmap_words(k) + idx / 64) &= ~((uint64_t)1 << (idx % 64));
   if (--s->carved == 0) _keel_pagemap_set((uintptr_t)base, s->units, (uint8_t)lender);
-  carved_from[lender]--;
+  keel_central_of(lender)->carved_from--;
   __atomic_sub_fetch(&carved_holes, 1, __ATOMIC_RELAXED);
   ((void**)d)[0] = NULL;
   slab_put(cl, lender, d);
@@ -723,7 +720,7 @@ unsigned _keel_central_carved_free(void* p, const char* call) {
     _keel_misuse(call, "double free of pointer", p, NULL, _keel_classes[cls].size);
   }
   d->free |= bit;
-  __atomic_store_n(&carved_blocks[cls], carved_blocks[cls] - 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&keel_central_of(cls)->carved_blocks, keel_central_of(cls)->carved_blocks - 1, __ATOMIC_RELAXED);
   bool empty = --d->used == 0;
   if (empty && d->listed) carve_list_remove(cls, d);
   else if (!empty && !d->listed) carve_list_push(cls, d);
@@ -742,7 +739,7 @@ size_t _keel_central_carved_size(const void* p, const char* call) {
 }
 
 KEEL_COLD bool _keel_central_verify_carved(unsigned cls) {
-  for (keel_carve_t* d = carve_partial[cls]; d != NULL; d = d->next) {
+  for (keel_carve_t* d = keel_central_of(cls)->carve_partial; d != NULL; d = d->next) {
     if (d->cls != cls || !d->listed || d->free == 0 || d->count < CARVE_MIN || d->count > CARVE_MAX ||
         d->used + (unsigned)__builtin_popcountll(d->free) != d->count)
       return false;
@@ -753,10 +750,10 @@ KEEL_COLD bool _keel_central_verify_carved(unsigned cls) {
 }
 
 uint64_t _keel_central_carved_holes(void) { return __atomic_load_n(&carved_holes, __ATOMIC_RELAXED); }
-uint32_t _keel_central_carved_blocks(unsigned cls) { return __atomic_load_n(&carved_blocks[cls], __ATOMIC_RELAXED); }
-uint32_t _keel_central_carved_from(unsigned cls) { return carved_from[cls]; }
+uint32_t _keel_central_carved_blocks(unsigned cls) { return __atomic_load_n(&keel_central_of(cls)->carved_blocks, __ATOMIC_RELAXED); }
+uint32_t _keel_central_carved_from(unsigned cls) { return keel_central_of(cls)->carved_from; }
 
-keel_slab_t* _keel_central_lend_cursor(unsigned cls) { return lend_cursor[cls]; }
+keel_slab_t* _keel_central_lend_cursor(unsigned cls) { return keel_central_of(cls)->lend_cursor; }
 
 uint64_t _keel_central_borrowed_blocks(void) { return __atomic_load_n(&borrowed_blocks, __ATOMIC_RELAXED); }
 
@@ -818,13 +815,13 @@ void _keel_central_give(unsigned cls, void* list, uint32_t n) {
     keel_unlock(&cl->lock);
     return;
   }
-  if (half_tail != NULL && (half_batch[cls] == NULL || cl->nbatches < k->transfer_max)) {
+  if (half_tail != NULL && (keel_central_of(cls)->half_batch == NULL || cl->nbatches < k->transfer_max)) {
     cl->touched = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
-    if (half_batch[cls] == NULL) {
-      __atomic_store_n(&half_batch[cls], list, __ATOMIC_RELAXED);
+    if (keel_central_of(cls)->half_batch == NULL) {
+      __atomic_store_n(&keel_central_of(cls)->half_batch, list, __ATOMIC_RELAXED);
     } else { /* two halves make a batch (half_of: batches are even) */
-      *half_tail = half_batch[cls];
-      __atomic_store_n(&half_batch[cls], NULL, __ATOMIC_RELAXED);
+      *half_tail = keel_central_of(cls)->half_batch;
+      __atomic_store_n(&keel_central_of(cls)->half_batch, NULL, __ATOMIC_RELAXED);
       cl->batches[cl->nbatches] = list;
       __atomic_store_n(&cl->nbatches, cl->nbatches + 1, __ATOMIC_RELAXED);
     }
@@ -850,7 +847,7 @@ bool _keel_central_is_free(unsigned cls, void* p) {
   }
   for (uint32_t b = 0; b < cl->nbatches && !is_free; b++)
     for (void* q = cl->batches[b]; q != NULL && !is_free; q = *(void**)q) is_free = (q == p);
-  for (void* q = half_batch[cls]; q != NULL && !is_free; q = *(void**)q) is_free = (q == p);
+  for (void* q = keel_central_of(cls)->half_batch; q != NULL && !is_free; q = *(void**)q) is_free = (q == p);
   keel_unlock(&cl->lock);
   return is_free;
 }
@@ -859,9 +856,9 @@ bool _keel_central_is_free(unsigned cls, void* p) {
  * slabs. */
 static void drain_transfer(keel_central_t* cl, unsigned cls) {
   for (;;) {
-    void* list = half_batch[cls];
+    void* list = keel_central_of(cls)->half_batch;
     if (list != NULL) {
-      __atomic_store_n(&half_batch[cls], NULL, __ATOMIC_RELAXED);
+      __atomic_store_n(&keel_central_of(cls)->half_batch, NULL, __ATOMIC_RELAXED);
     } else if (cl->nbatches > 0) {
       __atomic_store_n(&cl->nbatches, cl->nbatches - 1, __ATOMIC_RELAXED);
       list = cl->batches[cl->nbatches];
@@ -951,12 +948,12 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     keel_central_t* cl = keel_central_of(cls);
     if (__atomic_load_n(&cl->nbatches, __ATOMIC_RELAXED) == 0 &&
-        __atomic_load_n(&half_batch[cls], __ATOMIC_RELAXED) == NULL &&
+        __atomic_load_n(&keel_central_of(cls)->half_batch, __ATOMIC_RELAXED) == NULL &&
         __atomic_load_n(&cl->partial, __ATOMIC_RELAXED) == NULL &&
         __atomic_load_n(&cl->sampled_partial, __ATOMIC_RELAXED) == NULL)
       continue;
     keel_lock(&cl->lock);
-    if ((cl->nbatches > 0 || half_batch[cls] != NULL) && now - cl->touched >= idle_ticks) drain_transfer(cl, cls);
+    if ((cl->nbatches > 0 || keel_central_of(cls)->half_batch != NULL) && now - cl->touched >= idle_ticks) drain_transfer(cl, cls);
     /* A slab is trimmed once no block has come back to it for idle_ticks; in a cold
      * class, whose frees purge what they empty from now on, also the pages emptied
      * before it went cold, each slab once per idle_ticks. */

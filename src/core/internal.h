@@ -327,10 +327,19 @@ typedef struct keel_central_s {
   uint32_t slabs;       /* slabs of this class */
   uint32_t touched;     /* purger tick of the last transfer-cache use (wraps) */
   uint64_t out;         /* blocks out of slabs: live, or in a cache */
+  /* The third line: state of borrowing, carving and half batches (central.c), under the
+   * class's lock unless said. */
+  void* half_batch;                   /* a small heap's waiting half batch, or NULL */
+  keel_slab_t* lend_cursor;           /* where the next search for a hole to lend starts */
+  struct keel_carve_s* carve_partial; /* holes carved for this class with free blocks */
+  uint32_t lend_miss_tick;            /* 1 + the last tick a lend search found nothing */
+  uint32_t carved_blocks;             /* blocks of this class handed out of carved holes */
+  uint32_t carved_from;               /* holes carved out of this class's slabs */
 } __attribute__((aligned(64))) keel_central_t;
-/* Two cache lines: the array is in every process's .bss (at 256 bytes a small program
- * touched 8 pages of it; at 128, 4). */
-_Static_assert(sizeof(keel_central_t) == 128, "keel_central_t grew past two cache lines");
+/* Three cache lines. The array is in every process's .bss, in slot order (below): a
+ * program writes the entries of the classes it uses. The third line's fields were
+ * per-class arrays of their own, which a small program wrote a page of besides. */
+_Static_assert(sizeof(keel_central_t) == 192, "keel_central_t grew past three cache lines");
 
 /* Purger ticks so far (a coarse clock the central lists stamp without a system call). */
 extern uint64_t _keel_ticks KEEL_INTERNAL;
