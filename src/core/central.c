@@ -285,7 +285,7 @@ bool _keel_central_has_free(unsigned cls) {
          __atomic_load_n(&keel_central_of(cls)->half_batch, __ATOMIC_RELAXED) != NULL;
 }
 
-void* _keel_central_take_sampled(unsigned cls) {
+KEEL_COLD void* _keel_central_take_sampled(unsigned cls) {
   keel_central_t* cl = lock_class(cls);
   keel_slab_t* s = cl->sampled_partial;
   if (s == NULL && (s = slab_new(cls, true)) != NULL) partial_push(cl, s);
@@ -836,7 +836,7 @@ void _keel_central_give(unsigned cls, void* list, uint32_t n) {
   keel_unlock(&cl->lock);
 }
 
-bool _keel_central_is_free(unsigned cls, void* p) {
+KEEL_COLD bool _keel_central_is_free(unsigned cls, void* p) {
   keel_central_t* cl = keel_central_of(cls);
   keel_lock(&cl->lock);
   keel_slab_t* s = slab_of(p);

@@ -308,7 +308,7 @@ size_t _keel_huge_usable(const void* p) {
 /* The checked mode's guarded blocks (checked.c) live in mappings checked.c makes and
  * unmaps itself; they are entered here only so that lookups, the FREED tag and the
  * statistics treat them as huge blocks. */
-bool _keel_huge_adopt(void* p, size_t size) {
+KEEL_COLD bool _keel_huge_adopt(void* p, size_t size) {
   keel_lock(&huge_lock);
   bool ok = table_insert((uintptr_t)p, size) && _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_HUGE);
   if (ok) live_bytes += size;
@@ -317,7 +317,7 @@ bool _keel_huge_adopt(void* p, size_t size) {
   return ok;
 }
 
-size_t _keel_huge_disown(void* p) {
+KEEL_COLD size_t _keel_huge_disown(void* p) {
   keel_lock(&huge_lock);
   huge_entry_t* e = table_find((uintptr_t)p);
   size_t size = e ? e->size : 0;

@@ -189,7 +189,7 @@ static const opt_t* find(const char* name, size_t len) {
   return NULL;
 }
 
-static void warn_bad(const char* where, const opt_t* o) {
+KEEL_COLD static void warn_bad(const char* where, const opt_t* o) {
   char msg[160];
   keel_buf_t b = {msg, 0, sizeof msg};
   _keel_buf_str(&b, "ignoring bad value (want ");

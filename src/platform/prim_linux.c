@@ -470,7 +470,7 @@ static void set_default_action(int sig) {
 /* Async-signal-safe: sigaction and raise are, and the callback must be. The signal is
  * blocked while this runs (no SA_NODEFER), so a fault inside the callback ends the
  * process with the default action. */
-static void on_fault_signal(int sig, siginfo_t* si, void* context) {
+PRIM_COLD static void on_fault_signal(int sig, siginfo_t* si, void* context) {
   (void)context;
   int saved = errno;
   bool from_kernel = si != NULL && si->si_code > 0; /* not kill, raise or sigqueue */
@@ -483,7 +483,7 @@ static void on_fault_signal(int sig, siginfo_t* si, void* context) {
   errno = saved;
 }
 
-bool _keel_prim_fault_handler_install(void (*on_fault)(void* addr)) {
+PRIM_COLD bool _keel_prim_fault_handler_install(void (*on_fault)(void* addr)) {
   int saved = errno;
   __atomic_store_n(&fault_callback, on_fault, __ATOMIC_RELEASE);
   bool any = false;
@@ -861,7 +861,7 @@ PRIM_COLD int _keel_prim_barrier_open(int* mode) {
   return fd;
 }
 
-bool _keel_prim_barrier_arm(int barrier, void* addr, size_t len) {
+PRIM_COLD bool _keel_prim_barrier_arm(int barrier, void* addr, size_t len) {
   int saved = errno;
   struct uffdio_register reg = {.range = {(uintptr_t)addr, len}, .mode = UFFDIO_REGISTER_MODE_WP};
   bool ok = ioctl(barrier, UFFDIO_REGISTER, &reg) == 0;
@@ -891,7 +891,7 @@ bool _keel_prim_barrier_disarm(int barrier, void* addr, size_t len) {
   return ok;
 }
 
-uint64_t _keel_prim_map_limit(void) {
+PRIM_COLD uint64_t _keel_prim_map_limit(void) {
   int saved = errno;
   char buf[32];
   long got = read_small_file("/proc/sys/vm/max_map_count", buf, sizeof buf);
@@ -917,7 +917,7 @@ PRIM_COLD uint64_t _keel_prim_map_count(void) {
   return lines;
 }
 
-bool _keel_prim_memory_locked(void) {
+PRIM_COLD bool _keel_prim_memory_locked(void) {
   int saved = errno;
   char buf[4096];
   long got = read_small_file("/proc/self/status", buf, sizeof buf);
