@@ -231,18 +231,18 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
     *got = k->batch;
     return list;
   }
-  if (want == half_of(k) && want > 0 && (keel_central_of(cls)->half_batch != NULL || cl->nbatches > 0)) {
+  if (want == half_of(k) && want > 0 && (cl->half_batch != NULL || cl->nbatches > 0)) {
     cl->touched = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
     __atomic_store_n(&cl->take_tick, cl->touched, __ATOMIC_RELAXED);
-    void* list = keel_central_of(cls)->half_batch;
+    void* list = cl->half_batch;
     if (list != NULL) {
-      __atomic_store_n(&keel_central_of(cls)->half_batch, NULL, __ATOMIC_RELAXED);
+      __atomic_store_n(&cl->half_batch, NULL, __ATOMIC_RELAXED);
     } else { /* the front half of a parked batch; its back half waits */
       __atomic_store_n(&cl->nbatches, cl->nbatches - 1, __ATOMIC_RELAXED);
       list = cl->batches[cl->nbatches];
       void** last = (void**)list;
       for (uint32_t i = 1; i < want; i++) last = (void**)*last;
-      __atomic_store_n(&keel_central_of(cls)->half_batch, *last, __ATOMIC_RELAXED);
+      __atomic_store_n(&cl->half_batch, *last, __ATOMIC_RELAXED);
       *last = NULL;
     }
     keel_unlock(&cl->lock);
@@ -282,7 +282,7 @@ bool _keel_central_has_free(unsigned cls) {
   const keel_central_t* cl = keel_central_of(cls);
   return __atomic_load_n(&cl->partial, __ATOMIC_RELAXED) != NULL ||
          __atomic_load_n(&cl->nbatches, __ATOMIC_RELAXED) != 0 ||
-         __atomic_load_n(&keel_central_of(cls)->half_batch, __ATOMIC_RELAXED) != NULL;
+         __atomic_load_n(&cl->half_batch, __ATOMIC_RELAXED) != NULL;
 }
 
 KEEL_COLD void* _keel_central_take_sampled(unsigned cls) {
@@ -566,7 +566,7 @@ static void* take_hole(unsigned lender, uint32_t now, uint32_t cold, bool carve)
   keel_central_t* cl = keel_central_of(lender);
   const keel_class_t* k = &_keel_classes[lender];
   if (__atomic_load_n(&cl->partial, __ATOMIC_RELAXED) == NULL || !can_lend(cl, k, now, cold) ||
-      __atomic_load_n(&keel_central_of(lender)->lend_miss_tick, __ATOMIC_RELAXED) == now + 1)
+      __atomic_load_n(&cl->lend_miss_tick, __ATOMIC_RELAXED) == now + 1)
     return NULL;
   unsigned budget = BORROW_CANDIDATES;
   /* Never wait for a lender: threads that borrow at once, or a lender busy with its
@@ -575,7 +575,7 @@ static void* take_hole(unsigned lender, uint32_t now, uint32_t cold, bool carve)
   long idx = -1;
   /* The search goes round the partial list from where the last one stopped, so the
    * slabs at its head, once lent out, do not end every search. */
-  keel_slab_t** cursor = &keel_central_of(lender)->lend_cursor;
+  keel_slab_t** cursor = &cl->lend_cursor;
   keel_slab_t* s = NULL;
   if (can_lend(cl, k, now, cold) && cl->partial != NULL) {
     s = *cursor != NULL ? *cursor : cl->partial;
@@ -591,7 +591,7 @@ static void* take_hole(unsigned lender, uint32_t now, uint32_t cold, bool carve)
       s->used--;
     }
     keel_unlock(&cl->lock);
-    __atomic_store_n(&keel_central_of(lender)->lend_miss_tick, now + 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&cl->lend_miss_tick, now + 1, __ATOMIC_RELAXED);
     return NULL;
   }
   void** p = (void**)((char*)slab_base(keel_chunk_of(s), s) + (size_t)idx * k->size);
@@ -622,9 +622,9 @@ void* _keel_central_borrow(unsigned cls) {
 void* _keel_central_carve(unsigned cls) {
   const keel_class_t* kc = &_keel_classes[cls];
   keel_central_t* cl = keel_central_of(cls);
-  if (__atomic_load_n(&keel_central_of(cls)->carve_partial, __ATOMIC_RELAXED) != NULL) {
+  if (__atomic_load_n(&cl->carve_partial, __ATOMIC_RELAXED) != NULL) {
     keel_lock(&cl->lock);
-    void* p = keel_central_of(cls)->carve_partial != NULL ? carve_take_block(cls, keel_central_of(cls)->carve_partial) : NULL;
+    void* p = cl->carve_partial != NULL ? carve_take_block(cls, cl->carve_partial) : NULL;
     keel_unlock(&cl->lock);
     if (p != NULL) return p;
   }
@@ -695,7 +695,7 @@ static void carve_release(keel_carve_t* d) {
   size_t idx = (size_t)((char*)d - base) / k->size;
   KEEL_SLAB_BITS(s, bitmap_words(k) + idx / 64) &= ~((uint64_t)1 << (idx % 64));
   if (--s->carved == 0) _keel_pagemap_set((uintptr_t)base, s->units, (uint8_t)lender);
-  keel_central_of(lender)->carved_from--;
+  cl->carved_from--;
   __atomic_sub_fetch(&carved_holes, 1, __ATOMIC_RELAXED);
   ((void**)d)[0] = NULL;
   slab_put(cl, lender, d);
@@ -720,7 +720,7 @@ unsigned _keel_central_carved_free(void* p, const char* call) {
     _keel_misuse(call, "double free of pointer", p, NULL, _keel_classes[cls].size);
   }
   d->free |= bit;
-  __atomic_store_n(&keel_central_of(cls)->carved_blocks, keel_central_of(cls)->carved_blocks - 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&cl->carved_blocks, cl->carved_blocks - 1, __ATOMIC_RELAXED);
   bool empty = --d->used == 0;
   if (empty && d->listed) carve_list_remove(cls, d);
   else if (!empty && !d->listed) carve_list_push(cls, d);
@@ -815,13 +815,13 @@ void _keel_central_give(unsigned cls, void* list, uint32_t n) {
     keel_unlock(&cl->lock);
     return;
   }
-  if (half_tail != NULL && (keel_central_of(cls)->half_batch == NULL || cl->nbatches < k->transfer_max)) {
+  if (half_tail != NULL && (cl->half_batch == NULL || cl->nbatches < k->transfer_max)) {
     cl->touched = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
-    if (keel_central_of(cls)->half_batch == NULL) {
-      __atomic_store_n(&keel_central_of(cls)->half_batch, list, __ATOMIC_RELAXED);
+    if (cl->half_batch == NULL) {
+      __atomic_store_n(&cl->half_batch, list, __ATOMIC_RELAXED);
     } else { /* two halves make a batch (half_of: batches are even) */
-      *half_tail = keel_central_of(cls)->half_batch;
-      __atomic_store_n(&keel_central_of(cls)->half_batch, NULL, __ATOMIC_RELAXED);
+      *half_tail = cl->half_batch;
+      __atomic_store_n(&cl->half_batch, NULL, __ATOMIC_RELAXED);
       cl->batches[cl->nbatches] = list;
       __atomic_store_n(&cl->nbatches, cl->nbatches + 1, __ATOMIC_RELAXED);
     }
@@ -847,7 +847,7 @@ KEEL_COLD bool _keel_central_is_free(unsigned cls, void* p) {
   }
   for (uint32_t b = 0; b < cl->nbatches && !is_free; b++)
     for (void* q = cl->batches[b]; q != NULL && !is_free; q = *(void**)q) is_free = (q == p);
-  for (void* q = keel_central_of(cls)->half_batch; q != NULL && !is_free; q = *(void**)q) is_free = (q == p);
+  for (void* q = cl->half_batch; q != NULL && !is_free; q = *(void**)q) is_free = (q == p);
   keel_unlock(&cl->lock);
   return is_free;
 }
@@ -948,12 +948,12 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     keel_central_t* cl = keel_central_of(cls);
     if (__atomic_load_n(&cl->nbatches, __ATOMIC_RELAXED) == 0 &&
-        __atomic_load_n(&keel_central_of(cls)->half_batch, __ATOMIC_RELAXED) == NULL &&
+        __atomic_load_n(&cl->half_batch, __ATOMIC_RELAXED) == NULL &&
         __atomic_load_n(&cl->partial, __ATOMIC_RELAXED) == NULL &&
         __atomic_load_n(&cl->sampled_partial, __ATOMIC_RELAXED) == NULL)
       continue;
     keel_lock(&cl->lock);
-    if ((cl->nbatches > 0 || keel_central_of(cls)->half_batch != NULL) && now - cl->touched >= idle_ticks) drain_transfer(cl, cls);
+    if ((cl->nbatches > 0 || cl->half_batch != NULL) && now - cl->touched >= idle_ticks) drain_transfer(cl, cls);
     /* A slab is trimmed once no block has come back to it for idle_ticks; in a cold
      * class, whose frees purge what they empty from now on, also the pages emptied
      * before it went cold, each slab once per idle_ticks. */
