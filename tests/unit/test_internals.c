@@ -1,7 +1,9 @@
 /* test_internals.c -- unit tests of Keel's internal structures, linked against the
  * static library so the hidden internal functions are reachable. */
+#include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -25,6 +27,34 @@ static void test_platform_calls(void) {
   uint64_t before = _keel_prim_clock_ns();
   _keel_prim_sleep_ms(20);
   CHECK(_keel_prim_clock_ns() - before >= 20000000u);
+}
+
+/* A helper thread (the purger) runs on a stack Keel maps, and a forked child, where the
+ * thread does not exist, unmaps it (prim_linux.c): on glibc's cached stack its pages
+ * stayed resident in every child of a forking server. */
+static void* volatile helper_local;
+static void* record_stack(void* arg) {
+  (void)arg;
+  volatile int here = 0;
+  helper_local = (void*)&here;
+  for (;;) _keel_prim_sleep_ms(1000);
+  return NULL;
+}
+
+static void test_helper_stack_after_fork(void) {
+  TEST_SECTION("a helper thread's stack is unmapped in a forked child");
+  _keel_init();
+  CHECK(_keel_prim_thread_start(record_stack, NULL));
+  while (helper_local == NULL) _keel_prim_sleep_ms(1);
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+  void* page = (void*)((uintptr_t)helper_local & ~(uintptr_t)(pg - 1));
+  unsigned char resident;
+  CHECK(mincore(page, pg, &resident) == 0); /* mapped in this process */
+  pid_t child = fork();
+  if (child == 0) _exit(mincore(page, pg, &resident) == -1 && errno == ENOMEM ? 0 : 1);
+  int status = 0;
+  CHECK(child > 0 && waitpid(child, &status, 0) == child);
+  CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the helper's stack is still mapped in the child");
 }
 
 static void test_size_classes(void) {
@@ -924,6 +954,7 @@ static void test_lock_stats(void) {
 
 int main(void) {
   test_platform_calls();
+  test_helper_stack_after_fork();
   test_size_classes();
   test_pagemap();
   test_pageheap();
