@@ -53,7 +53,6 @@ static inline keel_central_t* lock_class(unsigned cls) {
 
 static inline uint32_t half_of(const keel_class_t* k) { return k->batch / 2u; }
 
-void* _keel_central_half_list(unsigned cls) { return keel_central_of(cls)->half_batch; }
 
 uint32_t _keel_central_parked_blocks(unsigned cls) {
   return keel_central_of(cls)->nbatches * _keel_classes[cls].batch + _keel_central_half_blocks(cls);
@@ -750,10 +749,7 @@ KEEL_COLD bool _keel_central_verify_carved(unsigned cls) {
 }
 
 uint64_t _keel_central_carved_holes(void) { return __atomic_load_n(&carved_holes, __ATOMIC_RELAXED); }
-uint32_t _keel_central_carved_blocks(unsigned cls) { return __atomic_load_n(&keel_central_of(cls)->carved_blocks, __ATOMIC_RELAXED); }
-uint32_t _keel_central_carved_from(unsigned cls) { return keel_central_of(cls)->carved_from; }
 
-keel_slab_t* _keel_central_lend_cursor(unsigned cls) { return keel_central_of(cls)->lend_cursor; }
 
 uint64_t _keel_central_borrowed_blocks(void) { return __atomic_load_n(&borrowed_blocks, __ATOMIC_RELAXED); }
 

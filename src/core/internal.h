@@ -356,7 +356,6 @@ static inline keel_central_t* keel_central_of(unsigned cls) {
 /* Blocks in the half batch waiting beside cls's transfer cache (0 or batch/2), and its
  * list (for the invariant walk; class lock held). */
 uint32_t _keel_central_half_blocks(unsigned cls) KEEL_INTERNAL;
-void* _keel_central_half_list(unsigned cls) KEEL_INTERNAL;
 /* Free blocks parked in cls's transfer cache, whole batches and the half batch (class
  * lock held: statistics). */
 uint32_t _keel_central_parked_blocks(unsigned cls) KEEL_INTERNAL;
@@ -386,15 +385,9 @@ unsigned _keel_central_carved_free(void* p, const char* call) KEEL_INTERNAL;
 /* Usable size of the block at p, in a unit tagged KEEL_KIND_CARVED. */
 size_t _keel_central_carved_size(const void* p, const char* call) KEEL_INTERNAL;
 uint64_t _keel_central_carved_holes(void) KEEL_INTERNAL; /* holes carved now */
-/* Carved blocks of class cls handed out (read any time), and holes carved out of cls's
- * slabs (its lock held): statistics count the first as cls's, not the second. */
-uint32_t _keel_central_carved_blocks(unsigned cls) KEEL_INTERNAL;
-uint32_t _keel_central_carved_from(unsigned cls) KEEL_INTERNAL;
 /* Central lock of cls held: its list of carved holes is consistent (verify.c). */
 bool _keel_central_verify_carved(unsigned cls) KEEL_INTERNAL;
 uint64_t _keel_central_borrowed_blocks(void) KEEL_INTERNAL;
-/* Lock of cls held: where its next search for a hole to lend starts (NULL: the head). */
-keel_slab_t* _keel_central_lend_cursor(unsigned cls) KEEL_INTERNAL;
 /* One block of class cls from a slab reserved for heap-profile samples; NULL if OOM. */
 void* _keel_central_take_sampled(unsigned cls) KEEL_INTERNAL;
 /* True if block p (of class cls) is free in its slab: proves a double free. */

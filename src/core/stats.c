@@ -14,10 +14,9 @@ uint64_t _keel_checked_quarantine_bytes(void);
  * otherwise untouched memory in every process (the purger publishes a snapshot after
  * the first second). A racy read is enough: a class that gets its first slab meanwhile
  * is reported as it was a moment before. */
-__attribute__((no_sanitize("thread"))) static bool class_empty(unsigned cls) {
-  const keel_central_t* cl = keel_central_of(cls);
+__attribute__((no_sanitize("thread"))) static bool class_empty(const keel_central_t* cl) {
   return __atomic_load_n(&cl->slabs, __ATOMIC_RELAXED) == 0 && __atomic_load_n(&cl->nbatches, __ATOMIC_RELAXED) == 0 &&
-         _keel_central_carved_blocks(cls) == 0;
+         __atomic_load_n(&cl->carved_blocks, __ATOMIC_RELAXED) == 0;
 }
 
 void _keel_stats_collect(keel_stats_t* out) {
@@ -29,11 +28,10 @@ void _keel_stats_collect(keel_stats_t* out) {
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     keel_central_t* cl = keel_central_of(cls);
     const keel_class_t* k = &_keel_classes[cls];
-    if (class_empty(cls)) continue;
+    if (class_empty(cl)) continue;
     keel_lock(&cl->lock);
     /* Holes carved out of this class's slabs count as the blocks carved from them. */
-    in_slabs += (cl->out - _keel_central_carved_from(cls)) * k->size +
-                (uint64_t)_keel_central_carved_blocks(cls) * k->size;
+    in_slabs += (cl->out - cl->carved_from) * k->size + (uint64_t)cl->carved_blocks * k->size;
     slab_bytes += cl->slabs * k->units * KEEL_UNIT_SIZE;
     transfer += (uint64_t)_keel_central_parked_blocks(cls) * k->size;
     keel_unlock(&cl->lock);
@@ -141,7 +139,7 @@ KEEL_API size_t keel_stats_classes(keel_class_stats_t* out, size_t max) {
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES && n < max; cls++, n++) {
     keel_central_t* cl = keel_central_of(cls);
     const keel_class_t* k = &_keel_classes[cls];
-    if (class_empty(cls)) {
+    if (class_empty(cl)) {
       out[n] = (keel_class_stats_t){.block_size = k->size, .blocks_cached = in_caches[cls]};
       continue;
     }
@@ -149,7 +147,7 @@ KEEL_API size_t keel_stats_classes(keel_class_stats_t* out, size_t max) {
     uint64_t cached = in_caches[cls] + _keel_central_parked_blocks(cls);
     out[n].block_size = k->size;
     out[n].blocks_cached = cached;
-    uint64_t out_blocks = cl->out - _keel_central_carved_from(cls) + _keel_central_carved_blocks(cls);
+    uint64_t out_blocks = cl->out - cl->carved_from + cl->carved_blocks;
     out[n].blocks_in_use = out_blocks > cached ? out_blocks - cached : 0;
     out[n].slabs = cl->slabs;
     out[n].slab_bytes = cl->slabs * k->units * KEEL_UNIT_SIZE;

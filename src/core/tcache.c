@@ -31,7 +31,12 @@ static _Thread_local uint8_t young_ops; /* slow-path calls made while young */
 static keel_lock_t registry_lock KEEL_ALWAYS_BSS = KEEL_LOCK_INIT;
 keel_lock_t* const _keel_lock_threads = &registry_lock; /* statistics (stats.c) */
 static keel_tcache_t* registry;    /* live caches */
-static keel_tcache_t* spare;       /* caches of exited threads, for reuse */
+/* The first cache is static, on the page where the hot .bss ends (beside the locks,
+ * src/hot_text.ld), which every process writes anyway, and starts on the spare list: a
+ * program with one thread that caches then maps no metadata region and writes no page
+ * of one (4 KiB of RssAnon in every process, every PostgreSQL backend included). */
+static keel_tcache_t first_cache KEEL_ALWAYS_BSS;
+static keel_tcache_t* spare = &first_cache; /* caches of exited threads, for reuse */
 static uint64_t live_caches;
 static uint64_t live_threads, total_threads; /* threads seen, young or with a cache */
 
@@ -124,13 +129,6 @@ static bool thread_register(void) {
   return true;
 }
 
-/* The first cache is static, on the page where the hot .bss ends (beside the locks,
- * src/hot_text.ld), which every process writes anyway: a program with one thread that
- * caches then maps no metadata region and writes no page of one (4 KiB of RssAnon in
- * every process, every PostgreSQL backend included). Recycled like the others. */
-static keel_tcache_t first_cache KEEL_ALWAYS_BSS;
-static bool first_cache_taken; /* registry lock */
-
 static keel_tcache_t* tcache_create(void) {
   uint8_t was = thread_state; /* NEW or YOUNG */
   thread_state = THREAD_BUSY;
@@ -142,10 +140,6 @@ static keel_tcache_t* tcache_create(void) {
   keel_lock(&registry_lock);
   keel_tcache_t* t = spare;
   if (t) spare = t->next;
-  if (t == NULL && !first_cache_taken) {
-    first_cache_taken = true;
-    t = &first_cache;
-  }
   keel_unlock(&registry_lock);
   if (t == NULL) t = (keel_tcache_t*)_keel_meta_alloc(sizeof(keel_tcache_t));
   if (t == NULL) {

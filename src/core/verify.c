@@ -95,10 +95,10 @@ void _keel_verify(void) {
       VERIFY(n == kc->batch);
     }
     uint32_t half = 0;
-    for (void** q = (void**)_keel_central_half_list(cls); q != NULL; q = (void**)q[0], half++)
+    for (void** q = (void**)cl->half_batch; q != NULL; q = (void**)q[0], half++)
       VERIFY(tag_class(q) == cls);
     VERIFY(half == _keel_central_half_blocks(cls));
-    keel_slab_t* cursor = _keel_central_lend_cursor(cls);
+    keel_slab_t* cursor = cl->lend_cursor;
     bool cursor_found = cursor == NULL;
     for (keel_slab_t* s = cl->partial; s != NULL; s = s->next) {
       VERIFY(s->state == KEEL_UNIT_SLAB && s->cls == cls && s->in_partial && !s->sampled);

@@ -480,7 +480,7 @@ static void test_half_batches(void) {
   void* b = _keel_central_take(cls, h, &got);
   CHECK(got == h && a != b);
   _keel_central_give(cls, a, h);
-  CHECK(_keel_central_half_blocks(cls) == h && _keel_central_half_list(cls) == a && cl->nbatches == 0);
+  CHECK(_keel_central_half_blocks(cls) == h && cl->half_batch == a && cl->nbatches == 0);
   CHECK(_keel_central_is_free(cls, a) && _keel_central_has_free(cls));
   keel_class_stats_t cs[KEEL_NUM_CLASSES];
   size_t n = keel_stats_classes(cs, KEEL_NUM_CLASSES);
@@ -489,7 +489,7 @@ static void test_half_batches(void) {
   CHECK(_keel_central_half_blocks(cls) == 0 && cl->nbatches == 1);
   _keel_verify();
   void* c = _keel_central_take(cls, h, &got); /* the front half; the back half waits */
-  CHECK(got == h && c == b && cl->nbatches == 0 && _keel_central_half_list(cls) == a);
+  CHECK(got == h && c == b && cl->nbatches == 0 && cl->half_batch == a);
   void* d = _keel_central_take(cls, h, &got);
   CHECK(got == h && d == a && _keel_central_half_blocks(cls) == 0);
   void* e = _keel_central_take(cls, k->batch, &got); /* a whole batch still comes whole */
@@ -901,7 +901,7 @@ static void test_stats_api(void) {
   CHECK(cs[cls - 1].block_size == 48);
   CHECK(cs[cls - 1].blocks_in_use >= 100);
   /* (Blocks carved out of other classes' holes are in use without a slab of their own.) */
-  CHECK(cs[cls - 1].slab_bytes + (uint64_t)_keel_central_carved_blocks(cls) * 48 >= cs[cls - 1].blocks_in_use * 48);
+  CHECK(cs[cls - 1].slab_bytes + (uint64_t)keel_central_of(cls)->carved_blocks * 48 >= cs[cls - 1].blocks_in_use * 48);
   CHECK(cs[cls - 1].slab_bytes == (uint64_t)cs[cls - 1].slabs * KEEL_UNIT_SIZE);
   char small[16];
   size_t need = keel_stats_json(small, sizeof small);
