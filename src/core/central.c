@@ -12,32 +12,41 @@ uint8_t _keel_central_slot[KEEL_NUM_CLASSES];
 uint64_t _keel_ticks;
 static uint64_t trimmed_bytes; /* returned to the OS from inside partly used slabs */
 
-/* Classes whose lock has ever been taken. The fork handlers take every lock, and a lock
- * taken is a page written: all 127 central lists are 16 KiB, written in full by every
- * process that forks and again by each child resetting them, though a small process
- * uses a few dozen classes. So they take the locks of active classes only, and a class
- * becomes active under activate_lock, which the handlers hold throughout: a class that
- * was not active when the fork began is not locked by anyone until it ends. Activation
- * happens where a class is first locked (a take, or a carve into it); every other lock
- * of a class follows one of those (its slabs, blocks or holes exist). */
-static uint64_t active[KEEL_NUM_CLASSES / 64];
+/* Classes whose lock has ever been taken are active. The fork handlers take every lock,
+ * and a lock taken is a page written: all 127 central lists are 24 KiB, written in full
+ * by every process that forks and again by each child resetting them, though a small
+ * process uses a few dozen classes. So they take the locks of active classes only, and
+ * a class becomes active under activate_lock, which the handlers hold throughout: a
+ * class that was not active when the fork began is not locked by anyone until it ends.
+ * Activation happens where a class is first locked (a take, or a carve into it); every
+ * other lock of a class follows one of those (its slabs, blocks or holes exist).
+ *
+ * A class gets its entry in _keel_central_slots when it becomes active, the next one in
+ * order, so the entries a process writes are contiguous: a PostgreSQL backend's 34
+ * classes write two pages of the array, where a fixed order wrote three. Until then its
+ * slot is 0, an entry no one writes: an inactive class reads as all zero (no slabs, no
+ * batches), which is what the unlocked hints (decay's skip test, has_free) expect. */
+static uint8_t next_slot KEEL_ALWAYS_BSS;
 static keel_lock_t activate_lock KEEL_ALWAYS_BSS = KEEL_LOCK_INIT;
 
 bool _keel_central_active(unsigned cls) {
-  return (__atomic_load_n(&active[cls / 64], __ATOMIC_ACQUIRE) >> (cls % 64)) & 1;
+  return __atomic_load_n(&_keel_central_slot[cls], __ATOMIC_ACQUIRE) != 0;
 }
 
-static KEEL_NOINLINE void activate(unsigned cls) {
+KEEL_NOINLINE keel_central_t* _keel_central_activate(unsigned cls) {
   keel_lock(&activate_lock);
-  __atomic_fetch_or(&active[cls / 64], (uint64_t)1 << (cls % 64), __ATOMIC_RELEASE);
+  if (_keel_central_slot[cls] == 0) {
+    next_slot++;
+    __atomic_store_n(&_keel_central_slot[cls], next_slot, __ATOMIC_RELEASE);
+  }
   keel_unlock(&activate_lock);
+  return keel_central_of(cls);
 }
 
 /* Locks cls's central list, activating the class first if needed. No Keel lock may be
  * held (activate_lock comes before the central locks in the fork handlers' order). */
 static inline keel_central_t* lock_class(unsigned cls) {
-  if (KEEL_UNLIKELY(!_keel_central_active(cls))) activate(cls);
-  keel_central_t* cl = keel_central_of(cls);
+  keel_central_t* cl = KEEL_UNLIKELY(!_keel_central_active(cls)) ? _keel_central_activate(cls) : keel_central_of(cls);
   keel_lock(&cl->lock);
   return cl;
 }
@@ -119,6 +128,7 @@ static keel_slab_t* slab_new(unsigned cls, bool sampled) {
   s->carved = 0;
   s->scan = 0;
   s->ready = 0; /* bitmap words are written as takes reach them (slab_bits) */
+  s->row = 0;   /* and its row of them only once it needs a second word */
   __atomic_store_n(&keel_central_of(cls)->slabs, keel_central_of(cls)->slabs + 1, __ATOMIC_RELAXED);
   __atomic_add_fetch(&slab_units, k->units, __ATOMIC_RELAXED);
   return s;
@@ -137,6 +147,7 @@ static void slab_release(unsigned cls, keel_slab_t* s) {
   _keel_pagemap_set((uintptr_t)slab_base(c, s), s->units, KEEL_KIND_NONE);
   __atomic_store_n(&keel_central_of(cls)->slabs, keel_central_of(cls)->slabs - 1, __ATOMIC_RELAXED);
   __atomic_sub_fetch(&slab_units, s->units, __ATOMIC_RELAXED);
+  keel_slab_row_give_back(s);
   _keel_pageheap_free(s);
 }
 
@@ -158,6 +169,7 @@ static int free_group(uint64_t bits, uint32_t size) {
 /* Word w of slab s's bitmap for writing: the words before it that were never written
  * are written first, as wholly free (keel_slab_word), so s->ready stays a prefix. */
 static uint64_t* slab_bits(keel_slab_t* s, const keel_class_t* k, unsigned w) {
+  if (w >= s->ready && w > 0) keel_slab_row_take(s);
   for (; s->ready <= w; s->ready++) KEEL_SLAB_BITS(s, s->ready) = keel_slab_word(s, k->count, s->ready);
   return &KEEL_SLAB_BITS(s, w);
 }
@@ -522,6 +534,7 @@ static bool can_carve_from(const keel_class_t* k) {
 static bool carve_mark(keel_slab_t* s, const keel_class_t* k, size_t idx) {
   unsigned words = bitmap_words(k);
   if (s->carved == 0) {
+    keel_slab_row_take(s);
     for (unsigned w = 0; w < words; w++) KEEL_SLAB_BITS(s, words + w) = 0;
     if (!_keel_pagemap_set((uintptr_t)slab_base(keel_chunk_of(s), s), s->units, KEEL_KIND_CARVED))
       return false;
@@ -644,7 +657,7 @@ void* _keel_central_carve(unsigned cls) {
     d->used = 0;
     d->listed = 0;
     d->free = count == 64 ? ~(uint64_t)0 : ((uint64_t)1 << count) - 1;
-    lock_class(cls);
+    cl = lock_class(cls); /* it may activate cls: its entry moves from slot 0 */
     carve_list_push(cls, d);
     void* p = carve_take_block(cls, d);
     keel_unlock(&cl->lock);
@@ -852,9 +865,9 @@ KEEL_COLD bool _keel_central_is_free(unsigned cls, void* p) {
  * slabs. */
 static void drain_transfer(keel_central_t* cl, unsigned cls) {
   for (;;) {
-    void* list = keel_central_of(cls)->half_batch;
+    void* list = cl->half_batch;
     if (list != NULL) {
-      __atomic_store_n(&keel_central_of(cls)->half_batch, NULL, __ATOMIC_RELAXED);
+      __atomic_store_n(&cl->half_batch, NULL, __ATOMIC_RELAXED);
     } else if (cl->nbatches > 0) {
       __atomic_store_n(&cl->nbatches, cl->nbatches - 1, __ATOMIC_RELAXED);
       list = cl->batches[cl->nbatches];

@@ -173,7 +173,10 @@ typedef struct keel_slab_s {
   uint16_t ready;    /* slab: bitmap words written so far; the rest are wholly free */
   uint32_t put_tick; /* slab: purger tick when a block last came back */
   uint32_t busy_trim_tick; /* slab: first tick it may be trimmed while blocks come back */
-  uint64_t size;     /* large: usable size; free head: ms timestamp when freed */
+  union {
+    uint64_t size;   /* large: usable size; free head: ms timestamp when freed */
+    uint64_t row;    /* slab: 1 + its row of the chunk's free_rest, 0 while it has none */
+  };
 } keel_slab_t;
 
 #define KEEL_CHUNK_MAGIC 0x4b45454c43484e4bull /* "KEELCHNK" */
@@ -189,6 +192,7 @@ typedef struct keel_chunk_s {
   uint64_t promoted_mask; /* units in huge pages Keel collapsed (KEEL_THP=dense): freed
                            * only whole, never trimmed or meshed */
   uint64_t promote_ms;    /* when the purger last looked for huge pages to collapse */
+  uint64_t rows_used;     /* bit r: row r of free_rest belongs to a slab (atomic) */
   keel_slab_t units[KEEL_CHUNK_UNITS];
   /* Each slab's bitmap (bit set = block free in the slab), kept by its head unit: the
    * first word of every unit's bitmap together in one row, the other words of each unit
@@ -197,9 +201,14 @@ typedef struct keel_chunk_s {
    * values), while a slab of small blocks keeps its words on one or two pages (a small
    * process; all words in rows by index cost an idle `sleep` 32 KiB). With a bitmap in
    * each unit's descriptor, a full chunk kept 36 KiB resident whatever its slabs held.
-   * Unit 0 holds this header, never a slab. */
+   * Unit 0 holds this header, never a slab.
+   *
+   * A slab gets a row of free_rest when it first writes a word after its first (a take
+   * past its 64th block, or a carve, whose bitmap follows the free one), the lowest row
+   * free: rows by unit spread a few small-block slabs over the rows of units 1-40, and a
+   * PostgreSQL backend's chunk wrote five pages of its header where three hold them. */
   uint64_t free_first[KEEL_CHUNK_UNITS];
-  uint64_t free_rest[KEEL_CHUNK_UNITS - 1][KEEL_SLAB_MAX_OBJECTS / 64 - 1]; /* from unit 1 */
+  uint64_t free_rest[KEEL_CHUNK_UNITS - 1][KEEL_SLAB_MAX_OBJECTS / 64 - 1];
 } keel_chunk_t;
 
 _Static_assert(sizeof(keel_chunk_t) <= KEEL_UNIT_SIZE, "chunk header must fit in unit 0");
@@ -216,10 +225,28 @@ static inline void* keel_unit_addr(keel_chunk_t* c, unsigned unit) {
 static inline keel_slab_t* keel_span_head(keel_chunk_t* c, unsigned unit) {
   return &c->units[c->units[unit].head];
 }
-/* Word w of the free bitmap of slab s (kept by its head unit). */
+/* Word w of the free bitmap of slab s (kept by its head unit); a word after the first
+ * only once the slab has its row (keel_slab_row_take). */
 #define KEEL_SLAB_BITS(s, w)                                              \
   (*((w) == 0 ? &keel_chunk_of(s)->free_first[(s) - keel_chunk_of(s)->units] \
-              : &keel_chunk_of(s)->free_rest[(s) - keel_chunk_of(s)->units - 1][(w) - 1]))
+              : &keel_chunk_of(s)->free_rest[(s)->row - 1][(w) - 1]))
+/* Gives slab s a row of its chunk's free_rest if it has none. Rows are shared by the
+ * slabs of every class in the chunk, each under its own class's lock, hence the CAS. A
+ * chunk has at most 63 slabs, so a row is always free. */
+static inline void keel_slab_row_take(keel_slab_t* s) {
+  if (s->row != 0) return;
+  uint64_t* used = &keel_chunk_of(s)->rows_used;
+  uint64_t m = __atomic_load_n(used, __ATOMIC_RELAXED);
+  unsigned r;
+  do r = (unsigned)__builtin_ctzll(~m);
+  while (!__atomic_compare_exchange_n(used, &m, m | (uint64_t)1 << r, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+  s->row = r + 1;
+}
+static inline void keel_slab_row_give_back(keel_slab_t* s) {
+  if (s->row == 0) return;
+  __atomic_and_fetch(&keel_chunk_of(s)->rows_used, ~((uint64_t)1 << (s->row - 1)), __ATOMIC_RELAXED);
+  s->row = 0;
+}
 /* Word w of slab s's bitmap as it stands: words from s->ready on were never written
  * (a slab writes its bitmap a word at a time as takes reach it, so a slab that hands out
  * a few blocks touches no page of the chunk header's bitmap rows) and are wholly free. */
@@ -344,13 +371,13 @@ _Static_assert(sizeof(keel_central_t) == 192, "keel_central_t grew past three ca
 /* Purger ticks so far (a coarse clock the central lists stamp without a system call). */
 extern uint64_t _keel_ticks KEEL_INTERNAL;
 
-/* The central lists, in slot order: the coarse classes first (size_class.c), so that a
- * small program, which uses coarse classes only, writes the first two pages of the
- * array rather than a line on each of its four. Indexed through keel_central_of. */
+/* The central lists, in the order their classes became active (central.c), so that a
+ * program writes as many pages of the array as the classes it uses fill; slot 0 is what
+ * an inactive class reads, all zero, never written. Indexed through keel_central_of. */
 extern keel_central_t _keel_central_slots[KEEL_NUM_CLASSES] KEEL_INTERNAL;
 extern uint8_t _keel_central_slot[KEEL_NUM_CLASSES] KEEL_INTERNAL;
 static inline keel_central_t* keel_central_of(unsigned cls) {
-  return &_keel_central_slots[_keel_central_slot[cls]];
+  return &_keel_central_slots[__atomic_load_n(&_keel_central_slot[cls], __ATOMIC_ACQUIRE)];
 }
 
 /* Blocks in the half batch waiting beside cls's transfer cache (0 or batch/2), and its
@@ -361,6 +388,10 @@ uint32_t _keel_central_half_blocks(unsigned cls) KEEL_INTERNAL;
 uint32_t _keel_central_parked_blocks(unsigned cls) KEEL_INTERNAL;
 /* Whether cls's central list has ever been locked (an inactive one is all zero). */
 bool _keel_central_active(unsigned cls) KEEL_INTERNAL;
+/* Makes cls active (its own entry, written from now on) and returns its entry. No Keel
+ * lock may be held. Before that, keel_central_of(cls) is the shared zero entry, which
+ * must not be written. */
+keel_central_t* _keel_central_activate(unsigned cls) KEEL_INTERNAL;
 /* Class cls has free blocks in its slabs or transfer cache (unlocked: a hint). */
 bool _keel_central_has_free(unsigned cls) KEEL_INTERNAL;
 /* Takes up to `want` blocks of class cls; returns a NULL-terminated list and sets *got.

@@ -70,8 +70,9 @@ static keel_lock_t table_lock KEEL_ALWAYS_BSS; /* groups, view table, counters: 
 
 static int file_fd = -1, barrier_fd = -1, barrier_mode = -1;
 static uint64_t file_id, barrier_id;
-static bool disabled;    /* refused for good: no barrier, no file, or a forked child */
-static bool in_child;    /* a forked child: leaves views but never meshes or releases */
+/* On the page every process writes: every forked child sets them. */
+static bool disabled KEEL_ALWAYS_BSS; /* refused for good: no barrier, no file, or a forked child */
+static bool in_child KEEL_ALWAYS_BSS; /* a forked child: leaves views but never meshes or releases */
 static bool warned;
 
 static mesh_group_t* groups; /* GROUPS_MAX entries, reserved, touched as used */
@@ -684,8 +685,10 @@ KEEL_HOT void _keel_mesh_after_fork_child(void) {
   keel_lock_reset(&table_lock);
   in_child = true;
   disabled = true;
-  for (unsigned i = 0; i < npipes; i++) _keel_prim_close(pipes[i]);
-  npipes = 0;
+  if (npipes != 0) { /* its page is written only by a process that meshed */
+    for (unsigned i = 0; i < npipes; i++) _keel_prim_close(pipes[i]);
+    npipes = 0;
+  }
   if (new_pipe[0] >= 0) _keel_prim_close(new_pipe[0]);
   _keel_prim_close(file_fd);
   _keel_prim_close(barrier_fd);

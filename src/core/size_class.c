@@ -80,12 +80,6 @@ void _keel_classes_init(void) {
     if (serving != cls && _keel_options.fine_classes != 0) _keel_class_group_pending[serving] = 1;
   }
   fine = _keel_options.fine_classes == 0;
-  /* Central list slots: the coarse classes first, the others after them (internal.h,
-   * _keel_central_slots). Slot 0 stays class 0's, which has none. */
-  unsigned slot = 1;
-  for (int coarse = 1; coarse >= 0; coarse--)
-    for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++)
-      if ((coarse_of[cls] == cls) == (coarse == 1)) _keel_central_slot[cls] = (uint8_t)slot++;
 }
 
 /* Whether coarse class c's group has grown enough to be worth its finer classes. Each

@@ -58,6 +58,7 @@ void _keel_verify(void) {
       VERIFY((c->dirty_mask & ~c->free_mask) == 0);
       /* A collapsed huge page is resident whole: none of its free units may be clean. */
       VERIFY((c->promoted_mask & c->free_mask & ~c->dirty_mask) == 0);
+      uint64_t rows = 0; /* the rows of free_rest the chunk's slabs hold */
       for (unsigned k = 1; k < KEEL_CHUNK_UNITS;) {
         keel_slab_t* s = &c->units[k];
         if ((c->free_mask >> k) & 1) {
@@ -70,6 +71,11 @@ void _keel_verify(void) {
         VERIFY(s->head == k && s->units >= 1 && k + s->units <= KEEL_CHUNK_UNITS);
         if (s->state == KEEL_UNIT_SLAB) {
           verify_slab(c, k, s, used_by_class);
+          VERIFY(s->row <= KEEL_CHUNK_UNITS - 1 && (s->row != 0 || (s->ready <= 1 && s->carved == 0)));
+          if (s->row != 0) {
+            VERIFY(!((rows >> (s->row - 1)) & 1));
+            rows |= (uint64_t)1 << (s->row - 1);
+          }
         } else {
           VERIFY(s->state == KEEL_UNIT_LARGE);
           /* Large blocks set their page-map tag outside the page-heap lock, so a block
@@ -80,8 +86,11 @@ void _keel_verify(void) {
         }
         k += s->units;
       }
+      VERIFY(rows == c->rows_used);
     }
   }
+  /* Slot 0 is what inactive classes read (central.c): nothing may have written it. */
+  for (size_t i = 0; i < sizeof(keel_central_t); i++) VERIFY(((const uint8_t*)&_keel_central_slots[0])[i] == 0);
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     keel_central_t* cl = keel_central_of(cls);
     const keel_class_t* kc = &_keel_classes[cls];

@@ -470,7 +470,7 @@ static void test_half_batches(void) {
   TEST_SECTION("half batches beside the transfer cache");
   unsigned cls = keel_fine_class(448);
   const keel_class_t* k = &_keel_classes[cls];
-  keel_central_t* cl = keel_central_of(cls);
+  keel_central_t* cl = _keel_central_activate(cls);
   uint32_t h = k->batch / 2, got = 0;
   CHECK(k->batch % 2 == 0 && h >= 2);
   keel_purge(); /* no batch parked, no half waiting */
@@ -523,7 +523,7 @@ static void test_busy_trim(void) {
   _keel_options.background_purge = false; /* the purger thread must not decay meanwhile */
   unsigned cls = keel_size_class(1000);
   const keel_class_t* k = &_keel_classes[cls];
-  keel_central_t* cl = keel_central_of(cls);
+  keel_central_t* cl = _keel_central_activate(cls);
   enum { N = 1024, IDLE = 1000 };
   static void* b[N];
   uint64_t out_before = cl->out;
@@ -638,7 +638,7 @@ static void test_borrow(void) {
   enum { N = 256, IDLE = 1000, MAX_DRAINED = 4096 };
   unsigned mine = keel_size_class(1500), lender = keel_size_class(2000);
   const keel_class_t* lk = &_keel_classes[lender];
-  keel_central_t* lcl = keel_central_of(lender);
+  keel_central_t* lcl = _keel_central_activate(lender);
   CHECK(_keel_classes[mine].size == 1536 && lk->size == 2048);
   for (unsigned c = mine + 1; c < lender; c++) CHECK(keel_central_of(c)->partial == NULL);
   CHECK(lcl->partial == NULL && lcl->out == 0); /* no other test used the lender */
@@ -814,7 +814,7 @@ static void test_carve(void) {
   unsigned mine = keel_size_class(40), lender = keel_size_class(32 + 4 * 48);
   const keel_class_t* mk = &_keel_classes[mine];
   const keel_class_t* lk = &_keel_classes[lender];
-  keel_central_t* lcl = keel_central_of(lender);
+  keel_central_t* lcl = _keel_central_activate(lender);
   unsigned count = (lk->size - 32) / mk->size;
   CHECK(mk->size == 48 && lk->size == 224 && count == 4);
   CHECK(lcl->partial == NULL && lcl->out == 0); /* no other test used the lender */
