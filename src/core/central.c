@@ -107,6 +107,39 @@ static void partial_remove(keel_central_t* cl, keel_slab_t* s) {
 
 static uint64_t slab_units; /* units of all classes' slabs (the switch to fine classes) */
 
+/* Gives slab s its rows of its chunk's free_rest (internal.h) if it has none. The rows
+ * are shared by the slabs of every class in the chunk, each under its own class's lock,
+ * hence the CAS. A chunk holds at most 63 slabs and each keeps at most one of the 64
+ * aligned pairs from being whole, so there is always room: one of the two words has
+ * what is asked for. */
+static void slab_rows_take(keel_slab_t* s, const keel_class_t* k) {
+  if (s->row != 0) return;
+  unsigned rows = keel_class_rows(k);
+  uint64_t* used = keel_chunk_of(s)->rows_used;
+  for (unsigned i = 0;; i ^= 1) {
+    uint64_t m = __atomic_load_n(&used[i], __ATOMIC_RELAXED);
+    for (;;) {
+      uint64_t free = ~m;
+      if (rows == 2) free &= (free >> 1) & 0x5555555555555555ull;
+      if (free == 0) break;
+      unsigned r = (unsigned)__builtin_ctzll(free);
+      if (__atomic_compare_exchange_n(&used[i], &m, m | ((uint64_t)(rows == 2 ? 3 : 1) << r), true,
+                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        s->row = i * 64 + r + 1;
+        return;
+      }
+    }
+  }
+}
+
+static void slab_rows_give_back(keel_slab_t* s, const keel_class_t* k) {
+  if (s->row == 0) return;
+  unsigned r = (unsigned)s->row - 1;
+  __atomic_and_fetch(&keel_chunk_of(s)->rows_used[r / 64],
+                     ~((uint64_t)(keel_class_rows(k) == 2 ? 3 : 1) << (r % 64)), __ATOMIC_RELAXED);
+  s->row = 0;
+}
+
 static keel_slab_t* slab_new(unsigned cls, bool sampled) {
   const keel_class_t* k = &_keel_classes[cls];
   bool zeroed;
@@ -147,7 +180,7 @@ static void slab_release(unsigned cls, keel_slab_t* s) {
   _keel_pagemap_set((uintptr_t)slab_base(c, s), s->units, KEEL_KIND_NONE);
   __atomic_store_n(&keel_central_of(cls)->slabs, keel_central_of(cls)->slabs - 1, __ATOMIC_RELAXED);
   __atomic_sub_fetch(&slab_units, s->units, __ATOMIC_RELAXED);
-  keel_slab_row_give_back(s);
+  slab_rows_give_back(s, &_keel_classes[cls]);
   _keel_pageheap_free(s);
 }
 
@@ -169,7 +202,7 @@ static int free_group(uint64_t bits, uint32_t size) {
 /* Word w of slab s's bitmap for writing: the words before it that were never written
  * are written first, as wholly free (keel_slab_word), so s->ready stays a prefix. */
 static uint64_t* slab_bits(keel_slab_t* s, const keel_class_t* k, unsigned w) {
-  if (w >= s->ready && w > 0) keel_slab_row_take(s);
+  if (w >= s->ready && w > 0) slab_rows_take(s, k);
   for (; s->ready <= w; s->ready++) KEEL_SLAB_BITS(s, s->ready) = keel_slab_word(s, k->count, s->ready);
   return &KEEL_SLAB_BITS(s, w);
 }
@@ -525,16 +558,14 @@ static uint64_t carved_holes;                         /* holes carved now */
 /* The carved-hole bitmap of slab s (of class k) follows its free bitmap: word w of it is
  * bitmap word words + w, which the row has room for while 2 * words <= 64. */
 static unsigned bitmap_words(const keel_class_t* k) { return (k->count + 63) / 64; }
-static bool can_carve_from(const keel_class_t* k) {
-  return 2 * bitmap_words(k) <= KEEL_SLAB_MAX_OBJECTS / 64;
-}
+
 
 /* Lender's lock held: marks block idx of slab s carved (the first of the slab tags its
  * units, after clearing the bitmap). False if the page map refuses. */
 static bool carve_mark(keel_slab_t* s, const keel_class_t* k, size_t idx) {
   unsigned words = bitmap_words(k);
   if (s->carved == 0) {
-    keel_slab_row_take(s);
+    slab_rows_take(s, k);
     for (unsigned w = 0; w < words; w++) KEEL_SLAB_BITS(s, words + w) = 0;
     if (!_keel_pagemap_set((uintptr_t)slab_base(keel_chunk_of(s), s), s->units, KEEL_KIND_CARVED))
       return false;
@@ -646,7 +677,7 @@ void* _keel_central_carve(unsigned cls) {
   uint64_t most = CARVE_HEADER + (uint64_t)CARVE_MAX * kc->size;
   for (unsigned lender = cls + 1; lender < KEEL_NUM_CLASSES && _keel_classes[lender].size <= most; lender++) {
     const keel_class_t* k = &_keel_classes[lender];
-    if (k->size < least || !can_carve_from(k)) continue;
+    if (k->size < least || !keel_class_can_carve_from(k)) continue;
     keel_carve_t* d = (keel_carve_t*)take_hole(lender, now, cold, true);
     if (d == NULL) continue;
     __atomic_add_fetch(&carved_holes, 1, __ATOMIC_RELAXED);

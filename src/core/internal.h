@@ -179,6 +179,8 @@ typedef struct keel_slab_s {
   };
 } keel_slab_t;
 
+#define KEEL_ROW_WORDS 32   /* bitmap words in a row of a chunk's free_rest */
+#define KEEL_CHUNK_ROWS 128 /* 64 aligned pairs, one per slab at most */
 #define KEEL_CHUNK_MAGIC 0x4b45454c43484e4bull /* "KEELCHNK" */
 
 typedef struct keel_chunk_s {
@@ -192,7 +194,7 @@ typedef struct keel_chunk_s {
   uint64_t promoted_mask; /* units in huge pages Keel collapsed (KEEL_THP=dense): freed
                            * only whole, never trimmed or meshed */
   uint64_t promote_ms;    /* when the purger last looked for huge pages to collapse */
-  uint64_t rows_used;     /* bit r: row r of free_rest belongs to a slab (atomic) */
+  uint64_t rows_used[2];  /* bit r of word r/64: row r of free_rest is a slab's (atomic) */
   keel_slab_t units[KEEL_CHUNK_UNITS];
   /* Each slab's bitmap (bit set = block free in the slab), kept by its head unit: the
    * first word of every unit's bitmap together in one row, the other words of each unit
@@ -203,12 +205,14 @@ typedef struct keel_chunk_s {
    * each unit's descriptor, a full chunk kept 36 KiB resident whatever its slabs held.
    * Unit 0 holds this header, never a slab.
    *
-   * A slab gets a row of free_rest when it first writes a word after its first (a take
-   * past its 64th block, or a carve, whose bitmap follows the free one), the lowest row
-   * free: rows by unit spread a few small-block slabs over the rows of units 1-40, and a
-   * PostgreSQL backend's chunk wrote five pages of its header where three hold them. */
+   * A slab gets its rows of free_rest when it first writes a word after its first (a
+   * take past its 64th block, or a carve, whose bitmap follows the free one): the lowest
+   * rows free, one of 32 words or, for the classes that need up to 63 (blocks of 16-48
+   * bytes), an aligned pair. Rows by unit, each of 63 words, spread a few small-block
+   * slabs over the rows of units 1-40: a PostgreSQL backend's chunk wrote five pages of
+   * its header where two hold them. 64 pairs: a chunk's 63 slabs always find theirs. */
   uint64_t free_first[KEEL_CHUNK_UNITS];
-  uint64_t free_rest[KEEL_CHUNK_UNITS - 1][KEEL_SLAB_MAX_OBJECTS / 64 - 1];
+  uint64_t free_rest[KEEL_CHUNK_ROWS * KEEL_ROW_WORDS]; /* row r: words r*32 .. r*32+31 */
 } keel_chunk_t;
 
 _Static_assert(sizeof(keel_chunk_t) <= KEEL_UNIT_SIZE, "chunk header must fit in unit 0");
@@ -226,26 +230,21 @@ static inline keel_slab_t* keel_span_head(keel_chunk_t* c, unsigned unit) {
   return &c->units[c->units[unit].head];
 }
 /* Word w of the free bitmap of slab s (kept by its head unit); a word after the first
- * only once the slab has its row (keel_slab_row_take). */
+ * only once the slab has its rows (central.c, slab_rows_take). */
 #define KEEL_SLAB_BITS(s, w)                                              \
   (*((w) == 0 ? &keel_chunk_of(s)->free_first[(s) - keel_chunk_of(s)->units] \
-              : &keel_chunk_of(s)->free_rest[(s)->row - 1][(w) - 1]))
-/* Gives slab s a row of its chunk's free_rest if it has none. Rows are shared by the
- * slabs of every class in the chunk, each under its own class's lock, hence the CAS. A
- * chunk has at most 63 slabs, so a row is always free. */
-static inline void keel_slab_row_take(keel_slab_t* s) {
-  if (s->row != 0) return;
-  uint64_t* used = &keel_chunk_of(s)->rows_used;
-  uint64_t m = __atomic_load_n(used, __ATOMIC_RELAXED);
-  unsigned r;
-  do r = (unsigned)__builtin_ctzll(~m);
-  while (!__atomic_compare_exchange_n(used, &m, m | (uint64_t)1 << r, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
-  s->row = r + 1;
+              : &keel_chunk_of(s)->free_rest[((s)->row - 1) * KEEL_ROW_WORDS + (w) - 1]))
+/* Whether a slab of class k has room after its free bitmap for the bitmap of holes
+ * carved out of it (central.c, "carving"): words of its rows. */
+static inline bool keel_class_can_carve_from(const keel_class_t* k) {
+  return 2 * ((k->count + 63) / 64) <= KEEL_SLAB_MAX_OBJECTS / 64;
 }
-static inline void keel_slab_row_give_back(keel_slab_t* s) {
-  if (s->row == 0) return;
-  __atomic_and_fetch(&keel_chunk_of(s)->rows_used, ~((uint64_t)1 << (s->row - 1)), __ATOMIC_RELAXED);
-  s->row = 0;
+/* Rows of free_rest (1 or 2) a slab of class k takes: its words after the first, and the
+ * carved-hole bitmap's if it may have one. */
+static inline unsigned keel_class_rows(const keel_class_t* k) {
+  unsigned words = (k->count + 63) / 64;
+  unsigned rest = (keel_class_can_carve_from(k) ? 2 * words : words) - 1;
+  return rest <= KEEL_ROW_WORDS ? 1 : 2;
 }
 /* Word w of slab s's bitmap as it stands: words from s->ready on were never written
  * (a slab writes its bitmap a word at a time as takes reach it, so a slab that hands out

@@ -58,7 +58,7 @@ void _keel_verify(void) {
       VERIFY((c->dirty_mask & ~c->free_mask) == 0);
       /* A collapsed huge page is resident whole: none of its free units may be clean. */
       VERIFY((c->promoted_mask & c->free_mask & ~c->dirty_mask) == 0);
-      uint64_t rows = 0; /* the rows of free_rest the chunk's slabs hold */
+      uint64_t rows[2] = {0, 0}; /* the rows of free_rest the chunk's slabs hold */
       for (unsigned k = 1; k < KEEL_CHUNK_UNITS;) {
         keel_slab_t* s = &c->units[k];
         if ((c->free_mask >> k) & 1) {
@@ -71,10 +71,12 @@ void _keel_verify(void) {
         VERIFY(s->head == k && s->units >= 1 && k + s->units <= KEEL_CHUNK_UNITS);
         if (s->state == KEEL_UNIT_SLAB) {
           verify_slab(c, k, s, used_by_class);
-          VERIFY(s->row <= KEEL_CHUNK_UNITS - 1 && (s->row != 0 || (s->ready <= 1 && s->carved == 0)));
+          VERIFY(s->row <= KEEL_CHUNK_ROWS && (s->row != 0 || (s->ready <= 1 && s->carved == 0)));
           if (s->row != 0) {
-            VERIFY(!((rows >> (s->row - 1)) & 1));
-            rows |= (uint64_t)1 << (s->row - 1);
+            unsigned r = (unsigned)s->row - 1, n = keel_class_rows(&_keel_classes[s->cls]);
+            uint64_t bits = (uint64_t)(n == 2 ? 3 : 1) << (r % 64);
+            VERIFY((n == 1 || r % 2 == 0) && (rows[r / 64] & bits) == 0);
+            rows[r / 64] |= bits;
           }
         } else {
           VERIFY(s->state == KEEL_UNIT_LARGE);
@@ -86,7 +88,7 @@ void _keel_verify(void) {
         }
         k += s->units;
       }
-      VERIFY(rows == c->rows_used);
+      VERIFY(rows[0] == c->rows_used[0] && rows[1] == c->rows_used[1]);
     }
   }
   /* Slot 0 is what inactive classes read (central.c): nothing may have written it. */

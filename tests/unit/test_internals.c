@@ -875,6 +875,73 @@ static void test_carve(void) {
   _keel_options.background_purge = true;
 }
 
+/* A slab's bitmap words after the first live in rows of its chunk's header that it
+ * takes when it first needs them (internal.h, free_rest): one row of 32 words, or an
+ * aligned pair for the classes of 16-48 bytes; the lowest free, so a few small-block
+ * slabs keep their words on a page or two of the header. Released with the slab. */
+static void test_bitmap_rows(void) {
+  TEST_SECTION("bitmap rows taken on demand, lowest first, given back");
+  static const size_t sizes[] = {16, 256, 32, 128, 1024};
+  enum { NS = sizeof sizes / sizeof sizes[0], PER = 3 };
+  static void* lists[NS][PER * 8];
+  static uint32_t counts[NS][PER * 8];
+  keel_slab_t* slabs[NS * PER];
+  unsigned nslabs = 0;
+  for (unsigned i = 0; i < NS; i++) {
+    unsigned cls = keel_size_class(sizes[i]);
+    const keel_class_t* k = &_keel_classes[cls];
+    /* PER slabs' worth, taken whole: every slab hands out all its blocks. */
+    uint32_t want = k->count * PER, have = 0;
+    for (unsigned j = 0; have < want && j < PER * 8; j++) {
+      lists[i][j] = _keel_central_take(cls, want - have > 4096 ? 4096 : want - have, &counts[i][j]);
+      have += counts[i][j];
+    }
+    CHECK(have == want);
+    for (unsigned j = 0; j < PER * 8 && lists[i][j] != NULL; j++)
+      for (void* p = lists[i][j]; p; p = *(void**)p) {
+        keel_slab_t* s = keel_span_head(keel_chunk_of(p), keel_unit_index(p));
+        bool seen = false;
+        for (unsigned n = 0; n < nslabs; n++) seen |= slabs[n] == s;
+        if (!seen && nslabs < NS * PER) slabs[nslabs++] = s;
+      }
+  }
+  /* A slab handed out whole past its 64th block has its rows: the right count (a pair
+   * for 16-48 bytes, whose bitmaps, with the carved one where it may have one, need
+   * up to 63 words), a pair aligned, held in its chunk's rows_used, no two slabs' rows
+   * shared. */
+  unsigned with_rows = 0;
+  for (unsigned n = 0; n < nslabs; n++) {
+    keel_slab_t* s = slabs[n];
+    const keel_class_t* k = &_keel_classes[s->cls];
+    if (k->count > 64 && s->used == k->count) {
+      CHECK(s->row != 0 && s->ready == (k->count + 63) / 64);
+      with_rows++;
+    }
+    if (s->row == 0) continue;
+    unsigned r = (unsigned)s->row - 1, rows = keel_class_rows(k);
+    CHECK(rows == (k->size <= 48 ? 2u : 1u) && (rows == 1 || r % 2 == 0));
+    for (unsigned q = r; q < r + rows; q++) CHECK((keel_chunk_of(s)->rows_used[q / 64] >> (q % 64)) & 1);
+    for (unsigned m = 0; m < n; m++) {
+      keel_slab_t* o = slabs[m];
+      if (o->row == 0 || keel_chunk_of(o) != keel_chunk_of(s)) continue;
+      unsigned ro = (unsigned)o->row - 1, rows_o = keel_class_rows(&_keel_classes[o->cls]);
+      CHECK(ro + rows_o <= r || r + rows <= ro);
+    }
+  }
+  CHECK(with_rows >= 4 * (PER - 1)); /* 16, 256, 32 and 128 bytes: all but a last slab */
+  _keel_verify();
+  /* Given back and released: the rows go back with the slabs. */
+  for (unsigned i = 0; i < NS; i++) {
+    unsigned cls = keel_size_class(sizes[i]);
+    for (unsigned j = 0; j < PER * 8 && lists[i][j] != NULL; j++) _keel_central_give(cls, lists[i][j], counts[i][j]);
+  }
+  _keel_central_purge_all(0);
+  _keel_verify(); /* rows_used matches the rows of the slabs still there */
+  unsigned released = 0;
+  for (unsigned n = 0; n < nslabs; n++) released += slabs[n]->state != KEEL_UNIT_SLAB;
+  CHECK(released >= nslabs - NS); /* one empty slab per class may be kept */
+}
+
 static void test_verify(void) {
   TEST_SECTION("invariant walk over a busy heap");
   void* blocks[3000];
@@ -970,6 +1037,7 @@ int main(void) {
   test_purge_now();
   test_borrow();
   test_carve();
+  test_bitmap_rows();
   test_verify();
   test_stats_api();
   test_lock_stats();
