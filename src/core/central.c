@@ -763,6 +763,9 @@ unsigned _keel_central_carved_free(void* p, const char* call) {
     _keel_misuse(call, "double free of pointer", p, NULL, _keel_classes[cls].size);
   }
   d->free |= bit;
+  /* As on every free block: once the hole has gone back to its slab, a second free of
+   * p finds the key there and is reported as a double free (free_slow). */
+  ((uintptr_t*)p)[1] = _keel_free_key;
   __atomic_store_n(&cl->carved_blocks, cl->carved_blocks - 1, __ATOMIC_RELAXED);
   bool empty = --d->used == 0;
   if (empty && d->listed) carve_list_remove(cls, d);

@@ -866,6 +866,27 @@ static void test_carve(void) {
   for (unsigned j = 0; j < n; j++) free(got[j]);
   CHECK(_keel_central_carved_holes() == holes0);
   CHECK(keel_pagemap_get(b[2]) == lender);
+  /* A block of a hole that went back carries the free key, so a second free of it is
+   * named a double free, not an invalid pointer inside a free block of the lender. */
+  CHECK(((uintptr_t*)got[1])[1] == _keel_free_key);
+  int fds[2];
+  CHECK(pipe(fds) == 0);
+  pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], 2);
+    free(got[1]);
+    _exit(0);
+  }
+  close(fds[1]);
+  char report[512] = {0};
+  for (size_t len = 0; len < sizeof report - 1;) {
+    ssize_t r = read(fds[0], report + len, sizeof report - 1 - len);
+    if (r <= 0) break;
+    len += (size_t)r;
+  }
+  close(fds[0]);
+  CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFSIGNALED(status));
+  CHECK(strstr(report, "double free") != NULL);
   _keel_verify();
   for (int i = 2; i < N; i += 2) {
     ((void**)b[i])[0] = NULL;
