@@ -537,6 +537,7 @@ unsigned _keel_central_lender_in(const void* const* heads, unsigned cls) {
 #define CARVE_HEADER 32
 #define CARVE_MIN 4  /* blocks a carved hole holds at least */
 #define CARVE_MAX 64 /* and at most: one bitmap word */
+_Static_assert(KEEL_CARVE_LENDER_MIN == CARVE_HEADER + CARVE_MIN * 16, "the smallest lender holds 4 of the smallest blocks");
 
 typedef struct keel_carve_s {
   struct keel_carve_s* next; /* the class's list of carved holes with free blocks */

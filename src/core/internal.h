@@ -207,10 +207,12 @@ typedef struct keel_chunk_s {
    *
    * A slab gets its rows of free_rest when it first writes a word after its first (a
    * take past its 64th block, or a carve, whose bitmap follows the free one): the lowest
-   * rows free, one of 32 words or, for the classes that need up to 63 (blocks of 16-48
-   * bytes), an aligned pair. Rows by unit, each of 63 words, spread a few small-block
+   * rows free, one of 32 words or, for the one class that needs up to 63 (16-byte
+   * blocks), an aligned pair. Rows by unit, each of 63 words, spread a few small-block
    * slabs over the rows of units 1-40: a PostgreSQL backend's chunk wrote five pages of
-   * its header where two hold them. 64 pairs: a chunk's 63 slabs always find theirs. */
+   * its header where two hold them; and a chunk full of 32-byte slabs (Redis holding
+   * 3-byte values) wrote all eight pages of rows for 31 words a slab, where four hold
+   * them. 64 pairs: a chunk's 63 slabs always find theirs. */
   uint64_t free_first[KEEL_CHUNK_UNITS];
   uint64_t free_rest[KEEL_CHUNK_ROWS * KEEL_ROW_WORDS]; /* row r: words r*32 .. r*32+31 */
 } keel_chunk_t;
@@ -234,10 +236,12 @@ static inline keel_slab_t* keel_span_head(keel_chunk_t* c, unsigned unit) {
 #define KEEL_SLAB_BITS(s, w)                                              \
   (*((w) == 0 ? &keel_chunk_of(s)->free_first[(s) - keel_chunk_of(s)->units] \
               : &keel_chunk_of(s)->free_rest[((s)->row - 1) * KEEL_ROW_WORDS + (w) - 1]))
-/* Whether a slab of class k has room after its free bitmap for the bitmap of holes
- * carved out of it (central.c, "carving"): words of its rows. */
+/* Whether holes may be carved out of a slab of class k (central.c, "carving"): its
+ * blocks hold a row of at least four of the smallest blocks behind the hole's header,
+ * and its rows have room after its free bitmap for the bitmap of its holes. */
+#define KEEL_CARVE_LENDER_MIN 96 /* 32-byte header + 4 x 16 bytes */
 static inline bool keel_class_can_carve_from(const keel_class_t* k) {
-  return 2 * ((k->count + 63) / 64) <= KEEL_SLAB_MAX_OBJECTS / 64;
+  return k->size >= KEEL_CARVE_LENDER_MIN && 2 * ((k->count + 63) / 64) <= KEEL_SLAB_MAX_OBJECTS / 64;
 }
 /* Rows of free_rest (1 or 2) a slab of class k takes: its words after the first, and the
  * carved-hole bitmap's if it may have one. */

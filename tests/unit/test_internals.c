@@ -898,7 +898,7 @@ static void test_carve(void) {
 
 /* A slab's bitmap words after the first live in rows of its chunk's header that it
  * takes when it first needs them (internal.h, free_rest): one row of 32 words, or an
- * aligned pair for the classes of 16-48 bytes; the lowest free, so a few small-block
+ * aligned pair for 16-byte blocks (63 words); the lowest free, so a few small-block
  * slabs keep their words on a page or two of the header. Released with the slab. */
 static void test_bitmap_rows(void) {
   TEST_SECTION("bitmap rows taken on demand, lowest first, given back");
@@ -927,9 +927,9 @@ static void test_bitmap_rows(void) {
       }
   }
   /* A slab handed out whole past its 64th block has its rows: the right count (a pair
-   * for 16-48 bytes, whose bitmaps, with the carved one where it may have one, need
-   * up to 63 words), a pair aligned, held in its chunk's rows_used, no two slabs' rows
-   * shared. */
+   * for 16 bytes, whose bitmap needs 63 words after the first; 32 bytes need 31 - too
+   * small to lend holes, they keep no carved bitmap), a pair aligned, held in its
+   * chunk's rows_used, no two slabs' rows shared. */
   unsigned with_rows = 0;
   for (unsigned n = 0; n < nslabs; n++) {
     keel_slab_t* s = slabs[n];
@@ -940,7 +940,7 @@ static void test_bitmap_rows(void) {
     }
     if (s->row == 0) continue;
     unsigned r = (unsigned)s->row - 1, rows = keel_class_rows(k);
-    CHECK(rows == (k->size <= 48 ? 2u : 1u) && (rows == 1 || r % 2 == 0));
+    CHECK(rows == (k->size == 16 ? 2u : 1u) && (rows == 1 || r % 2 == 0));
     for (unsigned q = r; q < r + rows; q++) CHECK((keel_chunk_of(s)->rows_used[q / 64] >> (q % 64)) & 1);
     for (unsigned m = 0; m < n; m++) {
       keel_slab_t* o = slabs[m];
