@@ -140,6 +140,22 @@ static void slab_rows_give_back(keel_slab_t* s, const keel_class_t* k) {
   s->row = 0;
 }
 
+/* Class lock held: slab s handed out its last free block. A full slab's words are all
+ * zero, so it gives its rows back (unless it holds carved holes, whose bitmap follows):
+ * the next slab to fill takes them, and a heap of full small-block slabs keeps the rows
+ * of the few being filled resident, not a row for each (Redis filled with 3-byte values:
+ * four pages of rows in each chunk of 32-byte slabs, now one). */
+static void slab_became_full(keel_central_t* cl, keel_slab_t* s, const keel_class_t* k) {
+  partial_remove(cl, s);
+  if (s->carved == 0) slab_rows_give_back(s, k);
+}
+
+/* Class lock held: the first block back in a full slab that gave its rows back. */
+static void slab_rows_restore(keel_slab_t* s, const keel_class_t* k) {
+  slab_rows_take(s, k);
+  for (unsigned w = 1; w < s->ready; w++) KEEL_SLAB_BITS(s, w) = 0;
+}
+
 static keel_slab_t* slab_new(unsigned cls, bool sampled) {
   const keel_class_t* k = &_keel_classes[cls];
   bool zeroed;
@@ -306,7 +322,7 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
       partial_push(cl, s);
     }
     n += slab_take(s, cls, want - n, &tail);
-    if (s->used == k->count) partial_remove(cl, s);
+    if (s->used == k->count) slab_became_full(cl, s, k);
   }
   if (n > 0)
     __atomic_store_n(&cl->take_tick, (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
@@ -338,7 +354,7 @@ KEEL_COLD void* _keel_central_take_sampled(unsigned cls) {
     void** tail = (void**)&head;
     slab_take(s, cls, 1, &tail);
     *tail = NULL;
-    if (s->used == _keel_classes[cls].count) partial_remove(cl, s);
+    if (s->used == _keel_classes[cls].count) slab_became_full(cl, s, &_keel_classes[cls]);
     cl->out++;
   }
   keel_unlock(&cl->lock);
@@ -639,7 +655,7 @@ static void* take_hole(unsigned lender, uint32_t now, uint32_t cold, bool carve)
     return NULL;
   }
   void** p = (void**)((char*)slab_base(keel_chunk_of(s), s) + (size_t)idx * k->size);
-  if (s->used == k->count) partial_remove(cl, s);
+  if (s->used == k->count) slab_became_full(cl, s, k);
   cl->out++;
   bool exhausted = cl->partial == NULL;
   keel_unlock(&cl->lock);
@@ -816,6 +832,7 @@ static void slab_put(keel_central_t* cl, unsigned cls, void* p) {
     keel_unlock(&cl->lock);
     _keel_misuse("free", "double free of pointer", p, NULL, k->size);
   }
+  if (s->row == 0 && s->ready > 1) slab_rows_restore(s, k);
   KEEL_SLAB_BITS(s, idx / 64) |= bit;
   s->needs_trim = 1;
   uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);

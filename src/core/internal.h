@@ -208,7 +208,8 @@ typedef struct keel_chunk_s {
    * A slab gets its rows of free_rest when it first writes a word after its first (a
    * take past its 64th block, or a carve, whose bitmap follows the free one): the lowest
    * rows free, one of 32 words or, for the one class that needs up to 63 (16-byte
-   * blocks), an aligned pair. Rows by unit, each of 63 words, spread a few small-block
+   * blocks), an aligned pair - and gives them back when it is full (its words are all
+   * zero then) or released; a full slab takes them again, zeroed, with its first free. Rows by unit, each of 63 words, spread a few small-block
    * slabs over the rows of units 1-40: a PostgreSQL backend's chunk wrote five pages of
    * its header where two hold them; and a chunk full of 32-byte slabs (Redis holding
    * 3-byte values) wrote all eight pages of rows for 31 words a slab, where four hold
@@ -254,7 +255,8 @@ static inline unsigned keel_class_rows(const keel_class_t* k) {
  * (a slab writes its bitmap a word at a time as takes reach it, so a slab that hands out
  * a few blocks touches no page of the chunk header's bitmap rows) and are wholly free. */
 static inline uint64_t keel_slab_word(const keel_slab_t* s, uint32_t count, unsigned w) {
-  if (w < s->ready) return KEEL_SLAB_BITS(s, w);
+  /* A full slab gives its rows back (central.c, slab_became_full): all its words are 0. */
+  if (w < s->ready) return w == 0 || s->row != 0 ? KEEL_SLAB_BITS(s, w) : 0;
   return (w + 1) * 64 <= count ? ~(uint64_t)0 : ((uint64_t)1 << (count % 64)) - 1;
 }
 /* The class of a block whose unit is tagged kind if it lies in a sampled slab, else 0. The

@@ -71,7 +71,9 @@ void _keel_verify(void) {
         VERIFY(s->head == k && s->units >= 1 && k + s->units <= KEEL_CHUNK_UNITS);
         if (s->state == KEEL_UNIT_SLAB) {
           verify_slab(c, k, s, used_by_class);
-          VERIFY(s->row <= KEEL_CHUNK_ROWS && (s->row != 0 || (s->ready <= 1 && s->carved == 0)));
+          /* No rows: nothing written past the first word, or full (all words zero). */
+          VERIFY(s->row <= KEEL_CHUNK_ROWS &&
+                 (s->row != 0 || (s->carved == 0 && (s->ready <= 1 || s->used == _keel_classes[s->cls].count))));
           if (s->row != 0) {
             unsigned r = (unsigned)s->row - 1, n = keel_class_rows(&_keel_classes[s->cls]);
             uint64_t bits = (uint64_t)(n == 2 ? 3 : 1) << (r % 64);

@@ -899,45 +899,73 @@ static void test_carve(void) {
 /* A slab's bitmap words after the first live in rows of its chunk's header that it
  * takes when it first needs them (internal.h, free_rest): one row of 32 words, or an
  * aligned pair for 16-byte blocks (63 words); the lowest free, so a few small-block
- * slabs keep their words on a page or two of the header. Released with the slab. */
+ * slabs keep their words on a page or two of the header. A full slab gives them back
+ * (its words are all zero) and takes them again, zeroed, with its first free; a
+ * released one gives them back. */
 static void test_bitmap_rows(void) {
-  TEST_SECTION("bitmap rows taken on demand, lowest first, given back");
+  TEST_SECTION("bitmap rows taken on demand, lowest first, given back when full");
   static const size_t sizes[] = {16, 256, 32, 128, 1024};
-  enum { NS = sizeof sizes / sizeof sizes[0], PER = 3 };
-  static void* lists[NS][PER * 8];
-  static uint32_t counts[NS][PER * 8];
-  keel_slab_t* slabs[NS * PER];
+  enum { NS = sizeof sizes / sizeof sizes[0], PER = 3, MAXB = 4096 * PER };
+  static void* blocks[NS][MAXB];
+  static uint32_t nblocks[NS];
+  keel_slab_t* slabs[NS * PER + NS];
   unsigned nslabs = 0;
   for (unsigned i = 0; i < NS; i++) {
     unsigned cls = keel_size_class(sizes[i]);
     const keel_class_t* k = &_keel_classes[cls];
-    /* PER slabs' worth, taken whole: every slab hands out all its blocks. */
-    uint32_t want = k->count * PER, have = 0;
-    for (unsigned j = 0; have < want && j < PER * 8; j++) {
-      lists[i][j] = _keel_central_take(cls, want - have > 4096 ? 4096 : want - have, &counts[i][j]);
-      have += counts[i][j];
+    /* PER slabs' worth: every new slab hands out all its blocks. */
+    uint32_t want = k->count * PER;
+    while (nblocks[i] < want) {
+      uint32_t got = 0;
+      void* list = _keel_central_take(cls, want - nblocks[i] > 4096 ? 4096 : want - nblocks[i], &got);
+      CHECK(list != NULL);
+      if (list == NULL) break;
+      for (void* p = list; p; p = *(void**)p) blocks[i][nblocks[i]++] = p;
     }
-    CHECK(have == want);
-    for (unsigned j = 0; j < PER * 8 && lists[i][j] != NULL; j++)
-      for (void* p = lists[i][j]; p; p = *(void**)p) {
-        keel_slab_t* s = keel_span_head(keel_chunk_of(p), keel_unit_index(p));
-        bool seen = false;
-        for (unsigned n = 0; n < nslabs; n++) seen |= slabs[n] == s;
-        if (!seen && nslabs < NS * PER) slabs[nslabs++] = s;
-      }
+    for (uint32_t b = 0; b < nblocks[i]; b++) {
+      keel_slab_t* s = keel_span_head(keel_chunk_of(blocks[i][b]), keel_unit_index(blocks[i][b]));
+      bool seen = false;
+      for (unsigned n = 0; n < nslabs; n++) seen |= slabs[n] == s;
+      if (!seen && nslabs < sizeof slabs / sizeof slabs[0]) slabs[nslabs++] = s;
+    }
   }
-  /* A slab handed out whole past its 64th block has its rows: the right count (a pair
-   * for 16 bytes, whose bitmap needs 63 words after the first; 32 bytes need 31 - too
-   * small to lend holes, they keep no carved bitmap), a pair aligned, held in its
-   * chunk's rows_used, no two slabs' rows shared. */
-  unsigned with_rows = 0;
+  /* Full slabs past their 64th block hold no rows: every word of theirs reads 0. */
+  unsigned full = 0;
   for (unsigned n = 0; n < nslabs; n++) {
     keel_slab_t* s = slabs[n];
     const keel_class_t* k = &_keel_classes[s->cls];
-    if (k->count > 64 && s->used == k->count) {
-      CHECK(s->row != 0 && s->ready == (k->count + 63) / 64);
-      with_rows++;
+    if (k->count <= 64 || s->used != k->count) continue;
+    full++;
+    CHECK(s->row == 0 && s->ready == (k->count + 63) / 64);
+    for (unsigned w = 0; w < s->ready; w++) CHECK(keel_slab_word(s, k->count, w) == 0);
+  }
+  CHECK(full >= 4 * (PER - 1)); /* 16, 256, 32 and 128 bytes: all but a last slab */
+  _keel_verify();
+  /* One block back in each: the slab takes its rows again - the right count (a pair for
+   * 16 bytes; 32 bytes need 31 words and are too small to lend holes, so they keep no
+   * carved bitmap), a pair aligned, held in the chunk's rows_used, no two slabs' rows
+   * shared - and its words read all zero but the block's bit. */
+  void* back[sizeof slabs / sizeof slabs[0]] = {0};
+  for (unsigned i = 0; i < NS; i++) {
+    unsigned cls = keel_size_class(sizes[i]);
+    for (uint32_t b = 0; b < nblocks[i]; b++) {
+      keel_slab_t* s = keel_span_head(keel_chunk_of(blocks[i][b]), keel_unit_index(blocks[i][b]));
+      for (unsigned n = 0; n < nslabs; n++)
+        if (slabs[n] == s && back[n] == NULL && s->used == _keel_classes[cls].count) {
+          back[n] = blocks[i][b];
+          blocks[i][b] = NULL;
+          ((void**)back[n])[0] = NULL;
+          _keel_central_give(cls, back[n], 1);
+        }
     }
+  }
+  unsigned restored = 0;
+  for (unsigned n = 0; n < nslabs; n++) {
+    keel_slab_t* s = slabs[n];
+    const keel_class_t* k = &_keel_classes[s->cls];
+    if (back[n] == NULL || k->count <= 64) continue;
+    restored++;
+    CHECK(s->row != 0);
     if (s->row == 0) continue;
     unsigned r = (unsigned)s->row - 1, rows = keel_class_rows(k);
     CHECK(rows == (k->size == 16 ? 2u : 1u) && (rows == 1 || r % 2 == 0));
@@ -948,13 +976,21 @@ static void test_bitmap_rows(void) {
       unsigned ro = (unsigned)o->row - 1, rows_o = keel_class_rows(&_keel_classes[o->cls]);
       CHECK(ro + rows_o <= r || r + rows <= ro);
     }
+    size_t idx = (size_t)((char*)back[n] - (char*)keel_unit_addr(keel_chunk_of(s), (unsigned)(s - keel_chunk_of(s)->units))) / k->size;
+    for (unsigned w = 0; w < s->ready; w++)
+      CHECK(keel_slab_word(s, k->count, w) == (w == idx / 64 ? (uint64_t)1 << (idx % 64) : 0));
+    CHECK(_keel_central_is_free(s->cls, back[n]));
   }
-  CHECK(with_rows >= 4 * (PER - 1)); /* 16, 256, 32 and 128 bytes: all but a last slab */
+  CHECK(restored == full);
   _keel_verify();
   /* Given back and released: the rows go back with the slabs. */
   for (unsigned i = 0; i < NS; i++) {
     unsigned cls = keel_size_class(sizes[i]);
-    for (unsigned j = 0; j < PER * 8 && lists[i][j] != NULL; j++) _keel_central_give(cls, lists[i][j], counts[i][j]);
+    for (uint32_t b = 0; b < nblocks[i]; b++)
+      if (blocks[i][b] != NULL) {
+        ((void**)blocks[i][b])[0] = NULL;
+        _keel_central_give(cls, blocks[i][b], 1);
+      }
   }
   _keel_central_purge_all(0);
   _keel_verify(); /* rows_used matches the rows of the slabs still there */
