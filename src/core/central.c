@@ -123,8 +123,10 @@ static void slab_rows_take(keel_slab_t* s, const keel_class_t* k) {
       if (rows == 2) free &= (free >> 1) & 0x5555555555555555ull;
       if (free == 0) break;
       unsigned r = (unsigned)__builtin_ctzll(free);
+      /* Acquire, paired with the give-back's release: the slab that held these rows
+       * (another class's, under another lock) has made its last write to them. */
       if (__atomic_compare_exchange_n(&used[i], &m, m | ((uint64_t)(rows == 2 ? 3 : 1) << r), true,
-                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+                                      __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
         s->row = i * 64 + r + 1;
         return;
       }
@@ -136,7 +138,7 @@ static void slab_rows_give_back(keel_slab_t* s, const keel_class_t* k) {
   if (s->row == 0) return;
   unsigned r = (unsigned)s->row - 1;
   __atomic_and_fetch(&keel_chunk_of(s)->rows_used[r / 64],
-                     ~((uint64_t)(keel_class_rows(k) == 2 ? 3 : 1) << (r % 64)), __ATOMIC_RELAXED);
+                     ~((uint64_t)(keel_class_rows(k) == 2 ? 3 : 1) << (r % 64)), __ATOMIC_RELEASE);
   s->row = 0;
 }
 
