@@ -111,12 +111,15 @@ static uint64_t slab_units; /* units of all classes' slabs (the switch to fine c
  * are shared by the slabs of every class in the chunk, each under its own class's lock,
  * hence the CAS. A chunk holds at most 63 slabs and each keeps at most one of the 64
  * aligned pairs from being whole, so there is always room: one of the two words has
- * what is asked for. */
+ * what is asked for, whatever the other slabs take or give back meanwhile. */
 static void slab_rows_take(keel_slab_t* s, const keel_class_t* k) {
   if (s->row != 0) return;
   unsigned rows = keel_class_rows(k);
   uint64_t* used = keel_chunk_of(s)->rows_used;
-  for (unsigned i = 0;; i ^= 1) {
+  /* Both words can look full only to a reader that others overtake between its two
+   * loads; so it goes round again, and gives up only when that cannot be the reason. */
+  for (unsigned pass = 0; pass < (1u << 20); pass++) {
+    unsigned i = pass & 1;
     uint64_t m = __atomic_load_n(&used[i], __ATOMIC_RELAXED);
     for (;;) {
       uint64_t free = ~m;
@@ -132,6 +135,7 @@ static void slab_rows_take(keel_slab_t* s, const keel_class_t* k) {
       }
     }
   }
+  _keel_fatal_internal(__FILE__, __LINE__, "a chunk's bitmap rows ran out");
 }
 
 static void slab_rows_give_back(keel_slab_t* s, const keel_class_t* k) {
