@@ -128,7 +128,7 @@ static void slab_rows_take(keel_slab_t* s, const keel_class_t* k) {
       unsigned r = (unsigned)__builtin_ctzll(free);
       /* Acquire, paired with the give-back's release: the slab that held these rows
        * (another class's, under another lock) has made its last write to them. */
-      if (__atomic_compare_exchange_n(&used[i], &m, m | ((uint64_t)(rows == 2 ? 3 : 1) << r), true,
+      if (__atomic_compare_exchange_n(&used[i], &m, m | keel_rows_bits(k, r), true,
                                       __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
         s->row = i * 64 + r + 1;
         return;
@@ -141,8 +141,7 @@ static void slab_rows_take(keel_slab_t* s, const keel_class_t* k) {
 static void slab_rows_give_back(keel_slab_t* s, const keel_class_t* k) {
   if (s->row == 0) return;
   unsigned r = (unsigned)s->row - 1;
-  __atomic_and_fetch(&keel_chunk_of(s)->rows_used[r / 64],
-                     ~((uint64_t)(keel_class_rows(k) == 2 ? 3 : 1) << (r % 64)), __ATOMIC_RELEASE);
+  __atomic_and_fetch(&keel_chunk_of(s)->rows_used[r / 64], ~keel_rows_bits(k, r), __ATOMIC_RELEASE);
   s->row = 0;
 }
 
@@ -239,7 +238,7 @@ static void link_block(char* base, size_t index, uint32_t size, void*** tail) {
 /* Takes want (< a group) blocks from one wholly free group, if the slab has one. */
 static uint32_t slab_take_alone(keel_slab_t* s, const keel_class_t* k, uint32_t want, void*** tail) {
   char* base = (char*)slab_base(keel_chunk_of(s), s);
-  unsigned words = (k->count + 63) / 64;
+  unsigned words = keel_class_words(k);
   for (unsigned w = s->scan; w < words; w++) {
     uint64_t* bits = slab_bits(s, k, w);
     int b = free_group(*bits, k->size);
@@ -261,7 +260,7 @@ static uint32_t slab_take(keel_slab_t* s, unsigned cls, uint32_t want, void*** t
     if (got) return got;
   }
   char* base = (char*)slab_base(keel_chunk_of(s), s);
-  unsigned words = (k->count + 63) / 64;
+  unsigned words = keel_class_words(k);
   uint32_t got = 0;
   unsigned w = s->scan;
   for (; w < words && got < want; w++) {
@@ -579,14 +578,13 @@ static uint64_t carved_holes;                         /* holes carved now */
  * slabs (counted in its `out`, but holding other classes' blocks: statistics). */
 
 /* The carved-hole bitmap of slab s (of class k) follows its free bitmap: word w of it is
- * bitmap word words + w, which the row has room for while 2 * words <= 64. */
-static unsigned bitmap_words(const keel_class_t* k) { return (k->count + 63) / 64; }
-
+ * bitmap word keel_class_words(k) + w, which its rows have room for
+ * (keel_class_can_carve_from). */
 
 /* Lender's lock held: marks block idx of slab s carved (the first of the slab tags its
  * units, after clearing the bitmap). False if the page map refuses. */
 static bool carve_mark(keel_slab_t* s, const keel_class_t* k, size_t idx) {
-  unsigned words = bitmap_words(k);
+  unsigned words = keel_class_words(k);
   if (s->carved == 0) {
     slab_rows_take(s, k);
     for (unsigned w = 0; w < words; w++) KEEL_SLAB_BITS(s, words + w) = 0;
@@ -732,7 +730,7 @@ static keel_carve_t* carved_hole_of(const void* p, unsigned* lender) {
   if (s->state == KEEL_UNIT_SLAB && s->cls == cls && s->carved > 0) {
     char* base = (char*)slab_base(keel_chunk_of(s), s);
     uint64_t idx = ((uint64_t)((uintptr_t)p - (uintptr_t)base) * k->div_magic) >> 40;
-    unsigned words = bitmap_words(k);
+    unsigned words = keel_class_words(k);
     if (idx < k->count && (KEEL_SLAB_BITS(s, words + idx / 64) >> (idx % 64)) & 1)
       d = (keel_carve_t*)(base + idx * k->size);
   }
@@ -759,7 +757,7 @@ static void carve_release(keel_carve_t* d) {
   keel_lock(&cl->lock);
   char* base = (char*)slab_base(keel_chunk_of(s), s);
   size_t idx = (size_t)((char*)d - base) / k->size;
-  KEEL_SLAB_BITS(s, bitmap_words(k) + idx / 64) &= ~((uint64_t)1 << (idx % 64));
+  KEEL_SLAB_BITS(s, keel_class_words(k) + idx / 64) &= ~((uint64_t)1 << (idx % 64));
   if (--s->carved == 0) _keel_pagemap_set((uintptr_t)base, s->units, (uint8_t)lender);
   cl->carved_from--;
   __atomic_sub_fetch(&carved_holes, 1, __ATOMIC_RELAXED);

@@ -196,24 +196,21 @@ typedef struct keel_chunk_s {
   uint64_t promote_ms;    /* when the purger last looked for huge pages to collapse */
   uint64_t rows_used[2];  /* bit r of word r/64: row r of free_rest is a slab's (atomic) */
   keel_slab_t units[KEEL_CHUNK_UNITS];
-  /* Each slab's bitmap (bit set = block free in the slab), kept by its head unit: the
-   * first word of every unit's bitmap together in one row, the other words of each unit
-   * together after it. A slab of blocks of 1 KiB and up has one word, so a heap of
-   * them touches one page of bitmaps per chunk instead of 32 KiB (Redis holding 1 KiB
-   * values), while a slab of small blocks keeps its words on one or two pages (a small
-   * process; all words in rows by index cost an idle `sleep` 32 KiB). With a bitmap in
-   * each unit's descriptor, a full chunk kept 36 KiB resident whatever its slabs held.
-   * Unit 0 holds this header, never a slab.
-   *
-   * A slab gets its rows of free_rest when it first writes a word after its first (a
-   * take past its 64th block, or a carve, whose bitmap follows the free one): the lowest
+  /* Each slab's bitmap (bit set = block free in the slab): the first word of every
+   * unit's slab together in one row (free_first, by unit), the other words in rows of
+   * free_rest that the slab takes when it first writes a word after its first (a take
+   * past its 64th block, or a carve, whose bitmap follows the free one) - the lowest
    * rows free, one of 32 words or, for the one class that needs up to 63 (16-byte
-   * blocks), an aligned pair - and gives them back when it is full (its words are all
-   * zero then) or released; a full slab takes them again, zeroed, with its first free. Rows by unit, each of 63 words, spread a few small-block
-   * slabs over the rows of units 1-40: a PostgreSQL backend's chunk wrote five pages of
-   * its header where two hold them; and a chunk full of 32-byte slabs (Redis holding
-   * 3-byte values) wrote all eight pages of rows for 31 words a slab, where four hold
-   * them. 64 pairs: a chunk's 63 slabs always find theirs. */
+   * blocks), an aligned pair - and gives back when it is full (its words are all zero
+   * then) or released; a full slab takes them again, zeroed, with its first free. A slab
+   * of blocks of 1 KiB and up has one word, so a heap of them touches one page of
+   * bitmaps per chunk (Redis holding 1 KiB values), and only the slabs being filled hold
+   * rows. With a bitmap in each unit's descriptor, a full chunk kept 36 KiB resident
+   * whatever its slabs held; with 63-word rows by unit, a few small-block slabs of a
+   * PostgreSQL backend wrote five pages of its header where two hold them, and a chunk
+   * full of 32-byte slabs (Redis holding 3-byte values) all eight pages of rows. 64
+   * pairs: a chunk's 63 slabs always find theirs. Unit 0 holds this header, never a
+   * slab. */
   uint64_t free_first[KEEL_CHUNK_UNITS];
   uint64_t free_rest[KEEL_CHUNK_ROWS * KEEL_ROW_WORDS]; /* row r: words r*32 .. r*32+31 */
 } keel_chunk_t;
@@ -237,19 +234,25 @@ static inline keel_slab_t* keel_span_head(keel_chunk_t* c, unsigned unit) {
 #define KEEL_SLAB_BITS(s, w)                                              \
   (*((w) == 0 ? &keel_chunk_of(s)->free_first[(s) - keel_chunk_of(s)->units] \
               : &keel_chunk_of(s)->free_rest[((s)->row - 1) * KEEL_ROW_WORDS + (w) - 1]))
+/* Words of the free bitmap of a slab of class k. */
+static inline unsigned keel_class_words(const keel_class_t* k) { return (k->count + 63) / 64; }
 /* Whether holes may be carved out of a slab of class k (central.c, "carving"): its
  * blocks hold a row of at least four of the smallest blocks behind the hole's header,
  * and its rows have room after its free bitmap for the bitmap of its holes. */
 #define KEEL_CARVE_LENDER_MIN 96 /* 32-byte header + 4 x 16 bytes */
 static inline bool keel_class_can_carve_from(const keel_class_t* k) {
-  return k->size >= KEEL_CARVE_LENDER_MIN && 2 * ((k->count + 63) / 64) <= KEEL_SLAB_MAX_OBJECTS / 64;
+  return k->size >= KEEL_CARVE_LENDER_MIN && 2 * keel_class_words(k) <= KEEL_SLAB_MAX_OBJECTS / 64;
 }
 /* Rows of free_rest (1 or 2) a slab of class k takes: its words after the first, and the
  * carved-hole bitmap's if it may have one. */
 static inline unsigned keel_class_rows(const keel_class_t* k) {
-  unsigned words = (k->count + 63) / 64;
-  unsigned rest = (keel_class_can_carve_from(k) ? 2 * words : words) - 1;
+  unsigned rest = (keel_class_can_carve_from(k) ? 2 * keel_class_words(k) : keel_class_words(k)) - 1;
   return rest <= KEEL_ROW_WORDS ? 1 : 2;
+}
+/* The bits of chunk's rows_used[row / 64] that a slab of class k holding `row` (0-based)
+ * owns. */
+static inline uint64_t keel_rows_bits(const keel_class_t* k, unsigned row) {
+  return (uint64_t)(keel_class_rows(k) == 2 ? 3 : 1) << (row % 64);
 }
 /* Word w of slab s's bitmap as it stands: words from s->ready on were never written
  * (a slab writes its bitmap a word at a time as takes reach it, so a slab that hands out

@@ -180,7 +180,7 @@ static void match_pairs(const uint64_t* masks, uint32_t m, unsigned wc, uint32_t
  * copied (the slab refills come from first), or UINT32_MAX if no scratch memory. */
 static uint32_t copy_bitmaps(unsigned cls, scratch_t* s, size_t reserve_per_slab, uint64_t* slabs) {
   keel_central_t* cl = keel_central_of(cls);
-  unsigned words = (_keel_classes[cls].count + 63) / 64;
+  unsigned words = keel_class_words(&_keel_classes[cls]);
   for (;;) {
     keel_lock(&cl->lock);
     uint32_t n = 0;
@@ -209,7 +209,7 @@ static bool plan_class(unsigned cls, scratch_t* s, uint64_t* rng, keel_mesh_esti
                        keel_mesh_visit_t visit, void* ctx) {
   const keel_class_t* k = &_keel_classes[cls];
   size_t page = _keel_page_size, slab_bytes = (size_t)k->units << KEEL_UNIT_SHIFT;
-  unsigned words = (k->count + 63) / 64;
+  unsigned words = keel_class_words(k);
   unsigned wc_max = (unsigned)((page / k->size + 2 + 63) / 64);
   /* Per partial slab, besides its bitmap: one mask and one group union (wc_max words
    * each), a member count, and seven 32-bit slots (open list, order, group, and

@@ -14,7 +14,7 @@ static void verify_slab(keel_chunk_t* c, unsigned k, keel_slab_t* s, uint64_t* u
   const keel_class_t* kc = &_keel_classes[cls];
   VERIFY(s->units == kc->units);
   uint32_t free_blocks = 0;
-  unsigned words = (kc->count + 63) / 64;
+  unsigned words = keel_class_words(kc);
   VERIFY(s->ready <= words && s->scan <= s->ready);
   for (unsigned w = 0; w < words; w++) {
     free_blocks += (uint32_t)__builtin_popcountll(keel_slab_word(s, kc->count, w));
@@ -75,9 +75,10 @@ void _keel_verify(void) {
           VERIFY(s->row <= KEEL_CHUNK_ROWS &&
                  (s->row != 0 || (s->carved == 0 && (s->ready <= 1 || s->used == _keel_classes[s->cls].count))));
           if (s->row != 0) {
-            unsigned r = (unsigned)s->row - 1, n = keel_class_rows(&_keel_classes[s->cls]);
-            uint64_t bits = (uint64_t)(n == 2 ? 3 : 1) << (r % 64);
-            VERIFY((n == 1 || r % 2 == 0) && (rows[r / 64] & bits) == 0);
+            const keel_class_t* k = &_keel_classes[s->cls];
+            unsigned r = (unsigned)s->row - 1;
+            uint64_t bits = keel_rows_bits(k, r);
+            VERIFY((keel_class_rows(k) == 1 || r % 2 == 0) && (rows[r / 64] & bits) == 0);
             rows[r / 64] |= bits;
           }
         } else {
