@@ -128,6 +128,13 @@ int _keel_prim_thread_count(void);
 /* Ends the process as exit(status) does (atexit handlers, destructors, stdio). */
 _Noreturn void _keel_prim_exit(int status);
 
+/* Processors this process may run on (its affinity mask; 1 if unknown). */
+unsigned _keel_prim_cpu_count(void);
+/* The processor the calling thread runs on now, read from the rseq area glibc (2.35+)
+ * registers, without a system call; where rseq is unavailable, a number fixed per thread
+ * (assigned in turn), so that threads still spread. A hint: the thread may move at once. */
+unsigned _keel_prim_current_cpu(void);
+
 /* Sleeps the calling thread for `ms` milliseconds. */
 void _keel_prim_sleep_ms(uint64_t ms);
 

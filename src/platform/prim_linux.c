@@ -717,6 +717,34 @@ int _keel_prim_thread_count(void) {
   return main_gone && v > 0 ? v - 1 : v;
 }
 
+unsigned _keel_prim_cpu_count(void) {
+  uint64_t mask[16]; /* 1,024 processors */
+  long n = syscall(SYS_sched_getaffinity, 0, sizeof mask, mask);
+  if (n <= 0) return 1;
+  unsigned count = 0;
+  for (long i = 0; i < n / 8; i++) count += (unsigned)__builtin_popcountll(mask[i]);
+  return count ? count : 1;
+}
+
+/* glibc 2.35+ registers rseq for every thread and exports where its area lies; weak, so
+ * that libkeel still loads where the symbols are absent. __rseq_size is 0 where the
+ * registration failed or was turned off (glibc.pthread.rseq=0). */
+extern const ptrdiff_t __rseq_offset __attribute__((weak));
+extern const unsigned int __rseq_size __attribute__((weak));
+
+unsigned _keel_prim_current_cpu(void) {
+  if (&__rseq_size != NULL && __rseq_size != 0) {
+    /* struct rseq: cpu_id_start, then cpu_id (negative until registered) */
+    int32_t cpu = __atomic_load_n((const int32_t*)((char*)__builtin_thread_pointer() + __rseq_offset + 4),
+                                  __ATOMIC_RELAXED);
+    if (cpu >= 0) return (unsigned)cpu;
+  }
+  static unsigned next;
+  static _Thread_local unsigned mine;
+  if (mine == 0) mine = __atomic_add_fetch(&next, 1, __ATOMIC_RELAXED);
+  return mine - 1;
+}
+
 _Noreturn void _keel_prim_exit(int status) { exit(status); }
 
 /* ---- shared pages and write barriers (meshing) -------------------------------------- */
