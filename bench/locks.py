@@ -8,8 +8,12 @@ per program and thread count, the median wall time and, for the central free lis
 the page heap: acquisitions per 1,000 malloc+free pairs, the share that was contended
 and the sleeps. Same machine-wide lock as run.py: one benchmark at a time.
 
-    python3 bench/locks.py [--build-dir build] [--runs 3] [--threads 2,8,64]
-                           [--programs xthread,larson,threadchurn] [--json OUT]
+    python3 bench/locks.py [--build-dir build] [--lib LIB] [--runs 3] [--threads 2,8,64]
+                           [--programs xthread,larson,threadchurn,mpmc64,mpmcmix,workset]
+                           [--scale 1] [--max N] [--json OUT]
+
+--max N makes it a check: exit 1 if any program takes more than N central locks per
+1,000 malloc+free pairs (tests/CMakeLists.txt runs it so).
 """
 import argparse
 import fcntl
@@ -26,14 +30,31 @@ PAIRS = {
     "xthread": lambda out: int(re.search(r"objects=(\d+)", out).group(1)),
     "larson": lambda out: int(re.search(r"replacements=(\d+)", out).group(1)),
     "threadchurn": lambda out: int(re.search(r"thread_starts=(\d+)", out).group(1)) * 1500,
+    "prodcons": lambda out: int(re.search(r"messages=(\d+)", out).group(1)),
+    "mpmc64": lambda out: int(re.search(r"objects=(\d+)", out).group(1)),
+    "mpmcmix": lambda out: int(re.search(r"objects=(\d+)", out).group(1)),
+    "workset": lambda out: int(re.search(r"objects=(\d+)", out).group(1)),
 }
 LOCK_LINE = re.compile(r"^keel:\s+(central|page heap|huge|threads|metadata)\s+(\d+) / (\d+) / (\d+)$")
 
 
-def run_once(prog, threads, lib):
+def threaded_programs():
+    """Names whose line in programs.txt says they take a thread count."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    names = set()
+    with open(os.path.join(here, "programs.txt")) as f:
+        for line in f:
+            words = line.split()
+            if words and not words[0].startswith("#") and len(words) > 1 and words[1] == "yes":
+                names.add(words[0])
+    return names
+
+
+def run_once(prog, threads, lib, scale, threaded):
     env = dict(os.environ, LD_PRELOAD=lib, KEEL_STATS="1")
     t0 = time.monotonic()
-    p = subprocess.run([prog, "1", str(threads)], env=env, capture_output=True, text=True, timeout=600)
+    argv = [prog, str(scale)] + ([str(threads)] if threaded else [])
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     wall = time.monotonic() - t0
     if p.returncode != 0:
         sys.exit(f"{prog} {threads}: exit {p.returncode}\n{p.stderr[-2000:]}")
@@ -50,17 +71,22 @@ def main():
     ap.add_argument("--build-dir", default="build")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", default="2,8,64")
-    ap.add_argument("--programs", default="xthread,larson,threadchurn")
+    ap.add_argument("--programs", default="xthread,larson,threadchurn,mpmc64,mpmcmix,workset")
+    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--lib", help="the libkeel.so to run (default: BUILD_DIR/libkeel.so)")
+    ap.add_argument("--max", type=float, metavar="N",
+                    help="exit 1 if a program takes more than N central locks per 1,000 pairs")
     ap.add_argument("--json")
     a = ap.parse_args()
-    lib = os.path.abspath(os.path.join(a.build_dir, "libkeel.so"))
+    lib = os.path.abspath(a.lib or os.path.join(a.build_dir, "libkeel.so"))
+    threaded = threaded_programs()
     lock = open("/tmp/keel-bench.lock", "w")
     fcntl.flock(lock, fcntl.LOCK_EX)
     rows = []
     for name in a.programs.split(","):
         prog = os.path.join(a.build_dir, "bench", name)
         for threads in [int(t) for t in a.threads.split(",")]:
-            runs = [run_once(prog, threads, lib) for _ in range(a.runs)]
+            runs = [run_once(prog, threads, lib, a.scale, name in threaded) for _ in range(a.runs)]
             walls = sorted(r[0] for r in runs)
             mid = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
             pairs = PAIRS[name](mid[1])
@@ -82,6 +108,14 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"runs": a.runs, "rows": rows}, f, indent=1)
+    if a.max is not None:
+        over = [r for r in rows
+                if r["locks"].get("central", {"acquired": 0})["acquired"] * 1000.0 / r["pairs"] > a.max]
+        for r in over:
+            print(f"FAILED: {r['program']} at {r['threads']} threads takes more than {a.max} central locks"
+                  " per 1,000 malloc+free pairs")
+        if over:
+            sys.exit(1)
 
 
 if __name__ == "__main__":

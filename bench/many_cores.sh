@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# many_cores.sh -- the threaded bench/ programs at 4, 8 and 16 threads on a machine where
+# nothing can be installed (a many-core box lent for a few minutes): everything it needs
+# is packed here, on a Debian machine, into one folder that travels with the tree.
+#
+#   bash bench/many_cores.sh pack DIR [BASE_LIB]   # here: binaries, libkeel.so, Debian's
+#                                                  # allocators (and a baseline libkeel)
+#   bash bench/many_cores.sh run DIR OUT [THREADS] # there: run.py, 3 alternated rounds per
+#                                                  # thread count, JSON and tables under OUT
+#
+# The run takes about 5-7 minutes on 16 cores (one run of a program is cut at 30 s: gperftools'
+# tcmalloc took 52 s on producer/consumer at 16 threads). The allocator libraries come
+# from the packing machine, so the comparison is the same Debian versions everywhere;
+# glibc is the one the run machine has (say which in the note).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+cmd=${1:-}
+case "$cmd" in
+  pack)
+    dir=${2:?usage: many_cores.sh pack DIR [BASE_LIB]}
+    base=${3:-}
+    build=${KEEL_BUILD_DIR:-$here/build}
+    mkdir -p "$dir/bench" "$dir/lib"
+    cp "$build"/bench/* "$dir/bench/" 2>/dev/null || true
+    rm -rf "$dir/bench/CMakeFiles"
+    cp "$build/libkeel.so" "$dir/lib/libkeel.so"
+    [[ -n "$base" ]] && cp "$base" "$dir/lib/libkeel-base.so"
+    multiarch=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+    for f in libjemalloc.so.2 libtcmalloc_minimal.so.4 libmimalloc.so.2; do
+      if [[ -f /usr/lib/$multiarch/$f ]]; then cp -L "/usr/lib/$multiarch/$f" "$dir/lib/"
+      else echo "many_cores.sh: /usr/lib/$multiarch/$f missing (scripts/install-deps.sh installs it)" >&2; fi
+    done
+    # tcmalloc's and jemalloc's own dependencies beyond glibc (libstdc++, libgcc_s) are
+    # on any machine that runs C++.
+    du -sh "$dir"
+    ;;
+  run)
+    dir=$(cd "${2:?usage: many_cores.sh run DIR OUT [THREADS]}" && pwd)
+    out=${3:?usage: many_cores.sh run DIR OUT [THREADS]}
+    threads=${4:-4,8,16}
+    mkdir -p "$out"
+    allocs="glibc"
+    for pair in jemalloc=libjemalloc.so.2 tcmalloc=libtcmalloc_minimal.so.4 mimalloc=libmimalloc.so.2 \
+                keel-base=libkeel-base.so keel=libkeel.so; do
+      [[ -f "$dir/lib/${pair#*=}" ]] && allocs+=",${pair%%=*}=$dir/lib/${pair#*=}"
+    done
+    progs=$(awk '!/^#/ && $2 == "yes" {printf "%s%s", sep, $1; sep=","}' "$here/bench/programs.txt")
+    nproc > "$out/cpus.txt"
+    ldd --version 2>&1 | head -1 >> "$out/cpus.txt"
+    for t in ${threads//,/ }; do
+      python3 "$here/bench/run.py" --bench-dir "$dir/bench" --allocators "$allocs" --programs "$progs" \
+        --threads "$t" --runs 3 --timeout 30 --skip-missing --no-lock --json "$out/threads-$t.json" \
+        2>&1 | tee "$out/threads-$t.txt"
+    done
+    ;;
+  *)
+    sed -n '2,13p' "$0" >&2
+    exit 2
+    ;;
+esac
