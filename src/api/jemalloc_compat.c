@@ -277,7 +277,7 @@ static void snap_collect(je_snap_t* o) {
     keel_central_t* cl = keel_central_of(cls);
     keel_lock(&cl->lock);
     o->out[cls] = cl->out;
-    o->batched[cls] = (uint64_t)cl->nbatches * _keel_classes[cls].batch;
+    o->batched[cls] = _keel_central_parked_blocks(cls);
     o->slabs[cls] = cl->slabs;
     keel_unlock(&cl->lock);
   }

@@ -1,10 +1,12 @@
 /* central.c -- the shared free lists, one per size class.
  *
  * Thread caches exchange blocks with a central list in batches. Whole batches park in
- * the transfer cache, so a batch freed by one thread is handed to another in O(1)
- * (producer/consumer patterns never touch the slabs). Otherwise blocks go back to their
- * slab's free bitmap: that bitmap is the ground truth that proves a double free, finds
- * interior pointers, and lets an empty slab return to the page heap at once. */
+ * the transfer cache (transfer.c) without a lock, so a batch freed by one thread is
+ * handed to another in O(1) (producer/consumer patterns never touch the slabs). Only
+ * when it has nothing for a thread, or no room, does the thread take the class's lock
+ * and go to the slabs: a block goes back to its slab's free bitmap, the ground truth
+ * that proves a double free, finds interior pointers, and lets an empty slab return to
+ * the page heap at once. */
 #include "core/internal.h"
 
 keel_central_t _keel_central_slots[KEEL_NUM_CLASSES] KEEL_CENTRAL_BSS;
@@ -52,24 +54,12 @@ static inline keel_central_t* lock_class(unsigned cls) {
 }
 
 /* Half batches. In a small heap the bins of a class that spans few slabs move half a
- * batch at a time (tcache.c, bin_batch). One half batch per class waits here, beside the transfer
- * cache: a second one given joins it into a whole batch that parks there, and a thread
- * that wants half a batch takes it, or the front half of a parked batch (the rest then
- * waits here). So half batches travel between threads in O(batch) under the class lock,
- * as whole ones do, instead of through the slabs' bitmaps. Written under the class lock,
- * read without it by the hints (_keel_central_has_free, the decay's skip test). The list
- * is the central entry's half_batch. */
-
+ * batch at a time (tcache.c, bin_batch); they park in the transfer cache as they come,
+ * and a bin that wants half a batch and finds a whole one takes its front half and parks
+ * the back half again. */
 static inline uint32_t half_of(const keel_class_t* k) { return k->batch / 2u; }
 
-
-uint32_t _keel_central_parked_blocks(unsigned cls) {
-  return keel_central_of(cls)->nbatches * _keel_classes[cls].batch + _keel_central_half_blocks(cls);
-}
-
-uint32_t _keel_central_half_blocks(unsigned cls) {
-  return __atomic_load_n(&keel_central_of(cls)->half_batch, __ATOMIC_RELAXED) != NULL ? half_of(&_keel_classes[cls]) : 0;
-}
+uint32_t _keel_central_parked_blocks(unsigned cls) { return _keel_transfer_blocks(cls); }
 
 static inline void* slab_base(keel_chunk_t* c, keel_slab_t* head) {
   return keel_unit_addr(c, (unsigned)(head - c->units));
@@ -80,8 +70,8 @@ static keel_slab_t** partial_list(keel_central_t* cl, keel_slab_t* s) {
   return s->sampled ? &cl->sampled_partial : &cl->partial;
 }
 
-/* The list heads and nbatches are written under the class lock but also read without
- * it (_keel_central_has_free, the decay's skip test): relaxed atomic stores, so those
+/* The list heads are written under the class lock but also read without it
+ * (_keel_central_has_free, the decay's skip test): relaxed atomic stores, so those
  * reads see a whole value (and the code is race-free as C11 and TSan define it). */
 static void partial_push(keel_central_t* cl, keel_slab_t* s) {
   keel_slab_t** list = partial_list(cl, s);
@@ -280,46 +270,71 @@ static uint32_t slab_take(keel_slab_t* s, unsigned cls, uint32_t want, void*** t
   return got;
 }
 
+/* Blocks were taken from cls: stamped once a tick (a plain load on the other takes). */
+static inline void stamp_take(keel_central_t* cl) {
+  uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  if (__atomic_load_n(&cl->take_tick, __ATOMIC_RELAXED) != now) __atomic_store_n(&cl->take_tick, now, __ATOMIC_RELAXED);
+}
+
+/* A parked list for a take of want blocks, or NULL: whole if it fits, else (a whole
+ * batch for a bin that wants half of one) its front half, the back half parked again. */
+void* _keel_central_take_parked(unsigned cls, uint32_t want, uint32_t* got) {
+  const keel_class_t* k = &_keel_classes[cls];
+  uint32_t half = half_of(k);
+  *got = 0;
+  if (!_keel_central_parks(cls, want)) return NULL;
+  uint32_t n;
+  void* list = _keel_transfer_get(cls, &n);
+  if (list == NULL) return NULL;
+  /* A take from the transfer cache counts too: a class that cycles its blocks through
+   * it (PostgreSQL's 8-32 KiB memory-context blocks, batches of one) and spills the
+   * surplus into its slabs is not cold, and purging what the spills free would make
+   * the next refill fault the pages back in. */
+  stamp_take(keel_central_of(cls));
+  if (n > want) {
+    void** last = (void**)list;
+    for (uint32_t i = 1; i < half; i++) last = (void**)*last;
+    void* back = *last;
+    *last = NULL;
+    _keel_central_give(cls, back, n - half);
+    n = half;
+  }
+  *got = n;
+  return list;
+}
+
+static void slab_put(keel_central_t* cl, unsigned cls, void* p);
+
+/* Lock held, no slab with a free block: a parked batch goes back to its slabs rather
+ * than the class taking a new slab beside it (a take too small for a batch - a young
+ * thread's, a bin's first - would otherwise grow the heap while batches wait). */
+static bool unpark_one(keel_central_t* cl, unsigned cls) {
+  uint32_t n;
+  void* list = _keel_transfer_get(cls, &n);
+  if (list == NULL) return false;
+  while (list != NULL) {
+    void* next = *(void**)list;
+    slab_put(cl, cls, list);
+    list = next;
+  }
+  return true;
+}
+
 void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
+  void* parked = _keel_central_take_parked(cls, want, got);
+  return parked != NULL ? parked : _keel_central_take_slabs(cls, want, got);
+}
+
+void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
   const keel_class_t* k = &_keel_classes[cls];
   keel_central_t* cl = lock_class(cls);
-  if (cl->nbatches > 0 && want >= k->batch) {
-    /* A take from the transfer cache counts too: a class that cycles its blocks through
-     * it (PostgreSQL's 8-32 KiB memory-context blocks, batches of one) and spills the
-     * surplus into its slabs is not cold, and purging what the spills free would make
-     * the next refill fault the pages back in. */
-    cl->touched = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
-    __atomic_store_n(&cl->take_tick, cl->touched, __ATOMIC_RELAXED);
-    __atomic_store_n(&cl->nbatches, cl->nbatches - 1, __ATOMIC_RELAXED);
-    void* list = cl->batches[cl->nbatches];
-    keel_unlock(&cl->lock);
-    *got = k->batch;
-    return list;
-  }
-  if (want == half_of(k) && want > 0 && (cl->half_batch != NULL || cl->nbatches > 0)) {
-    cl->touched = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
-    __atomic_store_n(&cl->take_tick, cl->touched, __ATOMIC_RELAXED);
-    void* list = cl->half_batch;
-    if (list != NULL) {
-      __atomic_store_n(&cl->half_batch, NULL, __ATOMIC_RELAXED);
-    } else { /* the front half of a parked batch; its back half waits */
-      __atomic_store_n(&cl->nbatches, cl->nbatches - 1, __ATOMIC_RELAXED);
-      list = cl->batches[cl->nbatches];
-      void** last = (void**)list;
-      for (uint32_t i = 1; i < want; i++) last = (void**)*last;
-      __atomic_store_n(&cl->half_batch, *last, __ATOMIC_RELAXED);
-      *last = NULL;
-    }
-    keel_unlock(&cl->lock);
-    *got = want;
-    return list;
-  }
   void* head = NULL;
   void** tail = (void**)&head;
   uint32_t n = 0;
   bool grew = false;
   while (n < want) {
     keel_slab_t* s = cl->partial;
+    if (s == NULL && unpark_one(cl, cls)) continue;
     if (s == NULL) {
       s = slab_new(cls, false);
       if (s == NULL) break;
@@ -329,8 +344,7 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
     n += slab_take(s, cls, want - n, &tail);
     if (s->used == k->count) slab_became_full(cl, s, k);
   }
-  if (n > 0)
-    __atomic_store_n(&cl->take_tick, (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+  if (n > 0) stamp_take(cl);
   *tail = NULL;
   cl->out += n;
   bool exhausted = cl->partial == NULL;
@@ -345,9 +359,7 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
 
 bool _keel_central_has_free(unsigned cls) {
   const keel_central_t* cl = keel_central_of(cls);
-  return __atomic_load_n(&cl->partial, __ATOMIC_RELAXED) != NULL ||
-         __atomic_load_n(&cl->nbatches, __ATOMIC_RELAXED) != 0 ||
-         __atomic_load_n(&cl->half_batch, __ATOMIC_RELAXED) != NULL;
+  return __atomic_load_n(&cl->partial, __ATOMIC_RELAXED) != NULL || _keel_transfer_any(cls);
 }
 
 KEEL_COLD void* _keel_central_take_sampled(unsigned cls) {
@@ -571,7 +583,6 @@ typedef struct keel_carve_s {
 } keel_carve_t;
 _Static_assert(sizeof(keel_carve_t) <= CARVE_HEADER, "a carved hole's header must fit its 32 bytes");
 
-static void slab_put(keel_central_t* cl, unsigned cls, void* p);
 static uint64_t carved_holes;                         /* holes carved now */
 /* Per class, under its lock: carve_partial, its carved holes with free blocks;
  * carved_blocks, its blocks handed out of holes; carved_from, holes carved out of its
@@ -845,7 +856,7 @@ static void slab_put(keel_central_t* cl, unsigned cls, void* p) {
   s->used--;
   cl->out--;
   uint32_t cold = __atomic_load_n(&cold_ticks, __ATOMIC_RELAXED);
-  if (KEEL_UNLIKELY(cold != 0 && now - cl->take_tick >= cold) && s->used > 0 && purge_allowed(s))
+  if (KEEL_UNLIKELY(cold != 0 && now - __atomic_load_n(&cl->take_tick, __ATOMIC_RELAXED) >= cold) && s->used > 0 && purge_allowed(s))
     purge_pages_of_block(k, s, (size_t)idx);
   if (s->used == 0) {
     /* Keep a lone empty slab: releasing it would make a class that is used a little
@@ -864,41 +875,27 @@ static void slab_put(keel_central_t* cl, unsigned cls, void* p) {
 }
 
 void _keel_central_give(unsigned cls, void* list, uint32_t n) {
-  keel_central_t* cl = keel_central_of(cls);
   const keel_class_t* k = &_keel_classes[cls];
-  /* A half batch's tail is found before the lock is taken, so that a join holds the
-   * lock for O(1) work: the freeing thread has just walked these blocks (tcache.c), and
-   * they are in its cache, not in the next lock holder's way. */
-  void** half_tail = NULL;
-  if (n == half_of(k) && n > 0)
-    for (half_tail = (void**)list; *half_tail != NULL;) half_tail = (void**)*half_tail;
+  if (k->transfer_max > 0 && (n == k->batch || n == half_of(k)) && _keel_transfer_put(cls, list, n != k->batch))
+    return;
+  keel_central_t* cl = keel_central_of(cls);
   keel_lock(&cl->lock);
-  if (n == k->batch && cl->nbatches < k->transfer_max) {
-    cl->touched = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
-    cl->batches[cl->nbatches] = list;
-    __atomic_store_n(&cl->nbatches, cl->nbatches + 1, __ATOMIC_RELAXED);
-    keel_unlock(&cl->lock);
-    return;
-  }
-  if (half_tail != NULL && (cl->half_batch == NULL || cl->nbatches < k->transfer_max)) {
-    cl->touched = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
-    if (cl->half_batch == NULL) {
-      __atomic_store_n(&cl->half_batch, list, __ATOMIC_RELAXED);
-    } else { /* two halves make a batch (half_of: batches are even) */
-      *half_tail = cl->half_batch;
-      __atomic_store_n(&cl->half_batch, NULL, __ATOMIC_RELAXED);
-      cl->batches[cl->nbatches] = list;
-      __atomic_store_n(&cl->nbatches, cl->nbatches + 1, __ATOMIC_RELAXED);
-    }
-    keel_unlock(&cl->lock);
-    return;
-  }
   while (list != NULL) {
     void* next = *(void**)list;
     slab_put(cl, cls, list);
     list = next;
   }
   keel_unlock(&cl->lock);
+}
+
+struct find_s {
+  void* p;
+  bool found;
+};
+static void find_in_list(void* list, uint32_t n, void* ctx) {
+  struct find_s* f = (struct find_s*)ctx;
+  (void)n;
+  for (void* q = list; q != NULL && !f->found; q = *(void**)q) f->found = (q == f->p);
 }
 
 KEEL_COLD bool _keel_central_is_free(unsigned cls, void* p) {
@@ -910,32 +907,26 @@ KEEL_COLD bool _keel_central_is_free(unsigned cls, void* p) {
     long idx = block_index(cls, s, p);
     if (idx >= 0) is_free = (keel_slab_word(s, _keel_classes[cls].count, (unsigned)(idx / 64)) >> (idx % 64)) & 1;
   }
-  for (uint32_t b = 0; b < cl->nbatches && !is_free; b++)
-    for (void* q = cl->batches[b]; q != NULL && !is_free; q = *(void**)q) is_free = (q == p);
-  for (void* q = cl->half_batch; q != NULL && !is_free; q = *(void**)q) is_free = (q == p);
+  if (!is_free) {
+    struct find_s find = {p, false};
+    _keel_transfer_each(cls, find_in_list, &find);
+    is_free = find.found;
+  }
   keel_unlock(&cl->lock);
   return is_free;
 }
 
-/* Lock held: the transfer cache's batches and the waiting half batch go back to their
+/* Lock held: the batches parked on lines idle for idle_ticks (0: all) go back to their
  * slabs. */
-static void drain_transfer(keel_central_t* cl, unsigned cls) {
-  for (;;) {
-    void* list = cl->half_batch;
-    if (list != NULL) {
-      __atomic_store_n(&cl->half_batch, NULL, __ATOMIC_RELAXED);
-    } else if (cl->nbatches > 0) {
-      __atomic_store_n(&cl->nbatches, cl->nbatches - 1, __ATOMIC_RELAXED);
-      list = cl->batches[cl->nbatches];
-    } else {
-      return;
-    }
+static void drain_transfer(keel_central_t* cl, unsigned cls, uint32_t now, uint32_t idle_ticks) {
+  uint32_t n;
+  void* list;
+  while ((list = _keel_transfer_take_idle(cls, now, idle_ticks, &n)) != NULL)
     while (list != NULL) {
       void* next = *(void**)list;
       slab_put(cl, cls, list);
       list = next;
     }
-  }
 }
 
 /* Lock held. Purges every OS page of slab s whose blocks are all free in the slab (a
@@ -976,7 +967,7 @@ size_t _keel_central_purge_all(uint32_t max_trims) {
     if (!_keel_central_active(cls)) continue;
     keel_central_t* cl = keel_central_of(cls);
     keel_lock(&cl->lock);
-    drain_transfer(cl, cls);
+    drain_transfer(cl, cls, 0, 0);
     /* An empty slab kept to avoid churn is released; the free pages of the others are
      * purged without waiting for their slab to go quiet. */
     for (int sampled = 0; sampled < 2; sampled++) {
@@ -1012,17 +1003,17 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
   bool trim = _keel_thp_purge_granule() <= _keel_page_size;
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     keel_central_t* cl = keel_central_of(cls);
-    if (__atomic_load_n(&cl->nbatches, __ATOMIC_RELAXED) == 0 &&
-        __atomic_load_n(&cl->half_batch, __ATOMIC_RELAXED) == NULL &&
-        __atomic_load_n(&cl->partial, __ATOMIC_RELAXED) == NULL &&
+    if (!_keel_central_active(cls)) continue;
+    bool parked = _keel_transfer_any(cls);
+    if (!parked && __atomic_load_n(&cl->partial, __ATOMIC_RELAXED) == NULL &&
         __atomic_load_n(&cl->sampled_partial, __ATOMIC_RELAXED) == NULL)
       continue;
     keel_lock(&cl->lock);
-    if ((cl->nbatches > 0 || cl->half_batch != NULL) && now - cl->touched >= idle_ticks) drain_transfer(cl, cls);
+    if (parked) drain_transfer(cl, cls, now, (uint32_t)idle_ticks);
     /* A slab is trimmed once no block has come back to it for idle_ticks; in a cold
      * class, whose frees purge what they empty from now on, also the pages emptied
      * before it went cold, each slab once per idle_ticks. */
-    bool busy_ok = now - cl->take_tick >= cold;
+    bool busy_ok = now - __atomic_load_n(&cl->take_tick, __ATOMIC_RELAXED) >= cold;
     unsigned busy_budget = BUSY_TRIM_SLABS;
     for (int sampled = 0; sampled < 2; sampled++)
       for (keel_slab_t* s = sampled ? cl->sampled_partial : cl->partial; s != NULL; s = s->next) {

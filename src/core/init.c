@@ -19,6 +19,7 @@ void _keel_init(void) {
       _keel_fatal_internal(__FILE__, __LINE__, "OS page size larger than 64 KiB is not supported");
     _keel_options_init();
     _keel_classes_init();
+    _keel_transfer_init();
     _keel_free_key = (uintptr_t)_keel_prim_random() | 1;
     _keel_profile_init();
     atomic_store(&init_state, 2);

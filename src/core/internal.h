@@ -348,33 +348,50 @@ void _keel_meta_unlock_all(void) KEEL_INTERNAL;
 void _keel_meta_reset_locks(void) KEEL_INTERNAL;
 uint64_t _keel_meta_bytes(void) KEEL_INTERNAL;
 
+/* ---- transfer caches (transfer.c) -----------------------------------------------------
+ * Whole batches of free blocks parked between the thread caches and the slabs, without a
+ * lock: per class, slots on up to KEEL_TRANSFER_LINES cache lines, a thread starting on
+ * the line of its processor. A put takes an empty slot with one compare-and-swap, a get
+ * empties one with one exchange. */
+#define KEEL_TRANSFER_LINES 16
+#define KEEL_TRANSFER_SLOTS 8 /* the largest transfer_max (size_class.c) */
+void _keel_transfer_init(void) KEEL_INTERNAL;   /* start-up: lines from the processor count */
+void _keel_transfer_spread(void) KEEL_INTERNAL; /* a second thread cache exists: use every line */
+unsigned _keel_transfer_lines(void) KEEL_INTERNAL; /* lines in use now */
+/* Parks a list of a whole batch of class cls (half: half a batch); false if the lines the
+ * thread may use are full. The class is active (central.c). */
+bool _keel_transfer_put(unsigned cls, void* list, bool half) KEEL_INTERNAL;
+/* A parked list of cls and its length (a batch or half of one), or NULL. */
+void* _keel_transfer_get(unsigned cls, uint32_t* n) KEEL_INTERNAL;
+bool _keel_transfer_any(unsigned cls) KEEL_INTERNAL; /* a hint: something is parked */
+/* A parked list from a line no put or get has used for idle_ticks (0: any), or NULL. */
+void* _keel_transfer_take_idle(unsigned cls, uint32_t now, uint32_t idle_ticks, uint32_t* n) KEEL_INTERNAL;
+uint32_t _keel_transfer_blocks(unsigned cls) KEEL_INTERNAL; /* parked blocks (racy: statistics) */
+/* Calls fn on every parked list (tests, the invariant walk: nothing may run beside it). */
+void _keel_transfer_each(unsigned cls, void (*fn)(void* list, uint32_t n, void* ctx), void* ctx) KEEL_INTERNAL;
+
 /* ---- central free lists (central.c) ----------------------------------------------------
- * One per size class: a transfer cache of whole batches (O(1) hand-over between threads)
- * in front of the slabs that still have free blocks. */
-#define KEEL_TRANSFER_SLOTS 8 /* = the largest transfer_max (size_class.c) */
+ * One per size class: the slabs that still have free blocks, behind the class's lock,
+ * which a thread takes only when the transfer cache has nothing for it or no room. */
 typedef struct keel_central_s {
   keel_lock_t lock;
-  uint32_t nbatches;
   uint32_t take_tick; /* purger tick when blocks were last taken (slab or transfer cache) */
   keel_slab_t* partial; /* slabs with free blocks */
   keel_slab_t* sampled_partial; /* the same, for slabs holding profile samples */
-  void* batches[KEEL_TRANSFER_SLOTS]; /* each a NULL-terminated list of `batch` blocks */
   uint32_t slabs;       /* slabs of this class */
-  uint32_t touched;     /* purger tick of the last transfer-cache use (wraps) */
+  uint32_t pad;
   uint64_t out;         /* blocks out of slabs: live, or in a cache */
-  /* The third line: state of borrowing, carving and half batches (central.c), under the
-   * class's lock unless said. */
-  void* half_batch;                   /* a small heap's waiting half batch, or NULL */
+  /* The second line: state of borrowing and carving (central.c), under the class's lock
+   * unless said. */
   keel_slab_t* lend_cursor;           /* where the next search for a hole to lend starts */
   struct keel_carve_s* carve_partial; /* holes carved for this class with free blocks */
   uint32_t lend_miss_tick;            /* 1 + the last tick a lend search found nothing */
   uint32_t carved_blocks;             /* blocks of this class handed out of carved holes */
   uint32_t carved_from;               /* holes carved out of this class's slabs */
 } __attribute__((aligned(64))) keel_central_t;
-/* Three cache lines. The array is in every process's .bss, in slot order (below): a
- * program writes the entries of the classes it uses. The third line's fields were
- * per-class arrays of their own, which a small program wrote a page of besides. */
-_Static_assert(sizeof(keel_central_t) == 192, "keel_central_t grew past three cache lines");
+/* Two cache lines. The array is in every process's .bss, in slot order (below): a
+ * program writes the entries of the classes it uses. */
+_Static_assert(sizeof(keel_central_t) == 128, "keel_central_t grew past two cache lines");
 
 /* Purger ticks so far (a coarse clock the central lists stamp without a system call). */
 extern uint64_t _keel_ticks KEEL_INTERNAL;
@@ -388,11 +405,7 @@ static inline keel_central_t* keel_central_of(unsigned cls) {
   return &_keel_central_slots[__atomic_load_n(&_keel_central_slot[cls], __ATOMIC_ACQUIRE)];
 }
 
-/* Blocks in the half batch waiting beside cls's transfer cache (0 or batch/2), and its
- * list (for the invariant walk; class lock held). */
-uint32_t _keel_central_half_blocks(unsigned cls) KEEL_INTERNAL;
-/* Free blocks parked in cls's transfer cache, whole batches and the half batch (class
- * lock held: statistics). */
+/* Free blocks parked in cls's transfer cache (racy: statistics). */
 uint32_t _keel_central_parked_blocks(unsigned cls) KEEL_INTERNAL;
 /* Whether cls's central list has ever been locked (an inactive one is all zero). */
 bool _keel_central_active(unsigned cls) KEEL_INTERNAL;
@@ -402,9 +415,25 @@ bool _keel_central_active(unsigned cls) KEEL_INTERNAL;
 keel_central_t* _keel_central_activate(unsigned cls) KEEL_INTERNAL;
 /* Class cls has free blocks in its slabs or transfer cache (unlocked: a hint). */
 bool _keel_central_has_free(unsigned cls) KEEL_INTERNAL;
+/* Whether a take of `want` blocks of cls may come from the transfer cache (at least half
+ * a batch of a cached class). */
+static inline bool _keel_central_parks(unsigned cls, uint32_t want) {
+  const keel_class_t* k = &_keel_classes[cls];
+  return k->transfer_max > 0 && want >= (k->batch >= 2 ? k->batch / 2u : k->batch);
+}
+/* A list parked in cls's transfer cache for a take of `want` blocks (a whole batch, or
+ * half of one where want is less), without a lock; NULL (*got 0) if there is none or
+ * want is too small (_keel_central_parks). */
+void* _keel_central_take_parked(unsigned cls, uint32_t want, uint32_t* got) KEEL_INTERNAL;
+/* Class cls has free blocks in its slabs (unlocked: a hint). */
+static inline bool _keel_central_slabs_have_free(unsigned cls) {
+  return __atomic_load_n(&keel_central_of(cls)->partial, __ATOMIC_RELAXED) != NULL;
+}
 /* Takes up to `want` blocks of class cls; returns a NULL-terminated list and sets *got.
  * NULL (and *got 0) when memory is exhausted. */
 void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) KEEL_INTERNAL;
+/* The same from the slabs alone, under the class's lock (the transfer cache was tried). */
+void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) KEEL_INTERNAL;
 /* Gives back a NULL-terminated list of n blocks of class cls. */
 void _keel_central_give(unsigned cls, void* list, uint32_t n) KEEL_INTERNAL;
 /* A free block of a larger, cold class for a request of class cls that would otherwise

@@ -15,7 +15,7 @@ uint64_t _keel_checked_quarantine_bytes(void);
  * the first second). A racy read is enough: a class that gets its first slab meanwhile
  * is reported as it was a moment before. */
 __attribute__((no_sanitize("thread"))) static bool class_empty(const keel_central_t* cl) {
-  return __atomic_load_n(&cl->slabs, __ATOMIC_RELAXED) == 0 && __atomic_load_n(&cl->nbatches, __ATOMIC_RELAXED) == 0 &&
+  return __atomic_load_n(&cl->slabs, __ATOMIC_RELAXED) == 0 &&
          __atomic_load_n(&cl->carved_blocks, __ATOMIC_RELAXED) == 0;
 }
 

@@ -73,7 +73,7 @@ static void bin_grow(keel_tcache_t* t, unsigned cls) {
   uint32_t max = t->bin[cls].max;
   if (max >= k->bin_limit || _keel_options.check) return;
   if (max >= k->batch && bin_batch(k, cls) != k->batch) return; /* a small class */
-  uint32_t grow = max < k->batch ? 1 : k->batch;
+  uint32_t grow = max < k->batch ? (max == 0 ? 1 : max < k->batch - max ? max : k->batch - max) : k->batch;
   if (max + grow > k->bin_limit) grow = k->bin_limit - max;
   if (max >= k->batch && t->max_bytes + (size_t)grow * k->size > _keel_options.tcache_bytes)
     return;
@@ -139,7 +139,7 @@ static keel_tcache_t* tcache_create(void) {
   }
   keel_lock(&registry_lock);
   keel_tcache_t* t = spare;
-  if (t) spare = t->next;
+  if (t) __atomic_store_n(&spare, t->next, __ATOMIC_RELAXED);
   keel_unlock(&registry_lock);
   if (t == NULL) t = (keel_tcache_t*)_keel_meta_alloc(sizeof(keel_tcache_t));
   if (t == NULL) {
@@ -157,7 +157,7 @@ static keel_tcache_t* tcache_create(void) {
   t->next = registry;
   if (registry) registry->prev = t;
   registry = t;
-  live_caches++;
+  if (++live_caches == 2) _keel_transfer_spread();
   if (was == THREAD_NEW) {
     live_threads++;
     total_threads++;
@@ -169,13 +169,22 @@ static keel_tcache_t* tcache_create(void) {
   return t;
 }
 
+/* A cache an exited thread left is waiting (not the static first one): a young thread
+ * takes it at once, since it costs nothing that is not already spent, rather than going
+ * to the central lists' locks for its first YOUNG_OPS calls (a server whose connection
+ * threads come and go, larson's chains of threads). A hint, read without the lock. */
+static inline bool spare_recycled(void) {
+  keel_tcache_t* s = __atomic_load_n(&spare, __ATOMIC_RELAXED);
+  return s != NULL && s != &first_cache;
+}
+
 /* The slow paths of a thread on the empty cache: its cache, or NULL while it is young
  * (or busy creating its cache, or exiting, or cannot have one), in which case the block
  * goes to or comes from the central list directly. */
 static keel_tcache_t* tcache_or_young(void) {
   if (thread_state == THREAD_NEW && !thread_register()) return tcache_create();
   if (thread_state != THREAD_YOUNG) return NULL;
-  if (young_ops < YOUNG_OPS && !_keel_profiling) {
+  if (young_ops < YOUNG_OPS && !_keel_profiling && !spare_recycled()) {
     young_ops++;
     return NULL;
   }
@@ -224,7 +233,7 @@ static void on_thread_exit(void* value) {
   live_caches--;
   live_threads--;
   t->next = spare;
-  spare = t;
+  __atomic_store_n(&spare, t, __ATOMIC_RELAXED);
   keel_unlock(&registry_lock);
 }
 
@@ -255,12 +264,42 @@ static void* bin_pop(keel_tcache_t* t, unsigned cls) {
   return p;
 }
 
+/* How many blocks an empty bin takes: what it has room for now (a first refill takes one
+ * block; it grows afterwards, so a thread that allocates once from a class holds only
+ * that block), at most a batch - half of one in a small class, but a whole parked batch
+ * where the bin has room for it, rather than splitting it. */
+static uint32_t refill_want(keel_tcache_t* t, unsigned cls) {
+  const keel_class_t* k = &_keel_classes[cls];
+  uint32_t max = t->bin[cls].max, batch = bin_batch(k, cls);
+  if (batch != k->batch && max >= k->batch) return k->batch;
+  return max < batch ? max : batch;
+}
+
+/* An empty bin takes the list of `got` blocks and hands out its first. */
+static void* bin_refill(keel_tcache_t* t, unsigned cls, void* list, uint32_t got) {
+  t->refills++;
+  t->head[cls] = list;
+  t->bin[cls].avail -= got;
+  bin_grow(t, cls);
+  return bin_pop(t, cls);
+}
+
 void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) {
 #if KEEL_DEBUG >= 2
   static _Thread_local unsigned verify_tick;
   if (++verify_tick % KEEL_VERIFY_EVERY == 0) _keel_verify();
 #endif
   if (t == &_keel_tc_empty) t = tcache_or_young();
+  bool cached = t != NULL && t->bin[cls].max != 0; /* else cacheless, or an uncached class */
+  uint32_t want = 0;
+  bool looked = false; /* the transfer cache was searched and had nothing */
+  if (cached && t->head[cls] == NULL) {
+    want = refill_want(t, cls);
+    uint32_t got;
+    void* list = _keel_central_take_parked(cls, want, &got);
+    if (list != NULL) return bin_refill(t, cls, list, got);
+    looked = _keel_central_parks(cls, want);
+  }
   /* The class would take a new slab: a hole a larger class can spare first (central.c,
    * borrowing) - one in this thread's own bin of that class if there is one. A program
    * that allocates and frees a block of a class that only ever borrowed gets back, each
@@ -268,35 +307,22 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) {
    * searched the lender's slabs under its lock (a malloc(1500)+free loop beside a
    * fragmented 2,048-byte class: 6.8 ns a pair before borrowing existed, 42-48 ns
    * searching the slabs each time, 12-13 ns from the bin). */
-  if (may_borrow && !_keel_central_has_free(cls)) {
+  if (may_borrow && !_keel_central_slabs_have_free(cls) && (looked || !_keel_transfer_any(cls))) {
     unsigned lender = t != NULL ? _keel_central_lender_in((const void* const*)t->head, cls) : 0;
     if (lender != 0) return bin_pop(t, lender);
     void* p = _keel_central_borrow(cls);
     if (p == NULL) p = _keel_central_carve(cls);
     if (p != NULL) return p;
   }
-  if (t == NULL || t->bin[cls].max == 0) /* cacheless, or an uncached class */
-    return central_alloc_one(cls);
+  if (!cached) return central_alloc_one(cls);
   if (t->head[cls] == NULL) {
-    const keel_class_t* k = &_keel_classes[cls];
-    /* Take what the bin has room for now (a first refill takes one block), and grow it
-     * afterwards, so a thread that allocates once from a class holds only that block. */
-    uint32_t max = t->bin[cls].max, batch = bin_batch(k, cls);
-    uint32_t want = max < batch ? max : batch;
-    /* A small class's bin with room for a whole batch takes a half batch only if one
-     * is waiting; otherwise a parked batch whole (splitting it would walk blocks just
-     * freed on another core under the class lock: prodcons took 19 % longer). */
-    if (batch != k->batch && max >= k->batch && _keel_central_half_blocks(cls) == 0) want = k->batch;
     uint32_t got;
-    void* list = _keel_central_take(cls, want, &got);
+    void* list = looked ? _keel_central_take_slabs(cls, want, &got) : _keel_central_take(cls, want, &got);
     if (list == NULL) {
       _keel_prim_set_errno(_keel_prim_errno_enomem());
       return NULL;
     }
-    t->refills++;
-    t->head[cls] = list;
-    t->bin[cls].avail -= got;
-    bin_grow(t, cls);
+    return bin_refill(t, cls, list, got);
   }
   return bin_pop(t, cls);
 }
@@ -358,7 +384,7 @@ void _keel_tcache_after_fork_child(void) {
     next = t->next;
     if (t == mine) continue;
     t->next = spare;
-    spare = t;
+    __atomic_store_n(&spare, t, __ATOMIC_RELAXED);
     live_caches--;
   }
   if (mine != &_keel_tc_empty) {

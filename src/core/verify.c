@@ -44,6 +44,14 @@ static unsigned tag_class(const void* q) {
   return s->carved > 0 ? s->cls : 0;
 }
 
+/* A parked list: n blocks of the class, each tagged as parked. */
+static void verify_parked(void* list, uint32_t n, void* ctx) {
+  unsigned cls = *(unsigned*)ctx;
+  uint32_t got = 0;
+  for (void** q = (void**)list; q != NULL; q = (void**)q[0], got++) VERIFY(tag_class(q) == cls);
+  VERIFY(got == n && (n == _keel_classes[cls].batch || n == _keel_classes[cls].batch / 2));
+}
+
 void _keel_verify(void) {
   static uint64_t used_by_class[KEEL_NUM_CLASSES];
   keel_ensure_init();
@@ -100,18 +108,8 @@ void _keel_verify(void) {
     keel_central_t* cl = keel_central_of(cls);
     const keel_class_t* kc = &_keel_classes[cls];
     VERIFY(cl->out == used_by_class[cls]);
-    VERIFY(cl->nbatches <= kc->transfer_max);
-    for (uint32_t b = 0; b < cl->nbatches; b++) {
-      uint32_t n = 0;
-      for (void** q = (void**)cl->batches[b]; q != NULL; q = (void**)q[0], n++) {
-        VERIFY(tag_class(q) == cls);
-      }
-      VERIFY(n == kc->batch);
-    }
-    uint32_t half = 0;
-    for (void** q = (void**)cl->half_batch; q != NULL; q = (void**)q[0], half++)
-      VERIFY(tag_class(q) == cls);
-    VERIFY(half == _keel_central_half_blocks(cls));
+    unsigned check_cls = cls;
+    _keel_transfer_each(cls, verify_parked, &check_cls);
     keel_slab_t* cursor = cl->lend_cursor;
     bool cursor_found = cursor == NULL;
     for (keel_slab_t* s = cl->partial; s != NULL; s = s->next) {

@@ -463,41 +463,50 @@ static void test_uncached_class(void) {
 }
 
 /* Half batches: a small heap's small classes' bins move half a batch at a time (run
- * before the switch to fine classes: a big heap's bins move whole batches); the central
- * list keeps one half waiting beside the transfer cache, joins a second one to it into
- * a parked batch, and hands out a half or the front half of a parked batch. */
+ * before the switch to fine classes: a big heap's bins move whole batches); halves park
+ * in the transfer cache as they come, a take of half a batch that finds a whole one gets
+ * its front half and the back half parks again, and a take of a whole batch gets what is
+ * parked, half or whole. */
 static void test_half_batches(void) {
-  TEST_SECTION("half batches beside the transfer cache");
-  unsigned cls = keel_fine_class(448);
+  TEST_SECTION("half batches in the transfer cache");
+  unsigned cls = keel_fine_class(80);
   const keel_class_t* k = &_keel_classes[cls];
   keel_central_t* cl = _keel_central_activate(cls);
   uint32_t h = k->batch / 2, got = 0;
-  CHECK(k->batch % 2 == 0 && h >= 2);
-  keel_purge(); /* no batch parked, no half waiting */
-  CHECK(cl->nbatches == 0 && _keel_central_half_blocks(cls) == 0);
+  CHECK(k->batch % 2 == 0 && h >= 2 && k->transfer_max >= 4 && _keel_transfer_lines() == 1);
+  keel_purge(); /* nothing parked */
+  CHECK(_keel_central_parked_blocks(cls) == 0 && !_keel_transfer_any(cls));
   void* a = _keel_central_take(cls, h, &got);
   CHECK(got == h);
   void* b = _keel_central_take(cls, h, &got);
   CHECK(got == h && a != b);
   _keel_central_give(cls, a, h);
-  CHECK(_keel_central_half_blocks(cls) == h && cl->half_batch == a && cl->nbatches == 0);
+  CHECK(_keel_central_parked_blocks(cls) == h && _keel_transfer_any(cls));
   CHECK(_keel_central_is_free(cls, a) && _keel_central_has_free(cls));
   keel_class_stats_t cs[KEEL_NUM_CLASSES];
   size_t n = keel_stats_classes(cs, KEEL_NUM_CLASSES);
   CHECK(n > cls - 1 && cs[cls - 1].block_size == k->size && cs[cls - 1].blocks_cached >= h);
-  _keel_central_give(cls, b, h); /* two halves: one parked batch */
-  CHECK(_keel_central_half_blocks(cls) == 0 && cl->nbatches == 1);
+  _keel_central_give(cls, b, h);
+  CHECK(_keel_central_parked_blocks(cls) == 2 * h);
   _keel_verify();
-  void* c = _keel_central_take(cls, h, &got); /* the front half; the back half waits */
-  CHECK(got == h && c == b && cl->nbatches == 0 && cl->half_batch == a);
+  void* c = _keel_central_take(cls, k->batch, &got); /* a whole batch's take gets a half */
+  CHECK(got == h && (c == a || c == b));
   void* d = _keel_central_take(cls, h, &got);
-  CHECK(got == h && d == a && _keel_central_half_blocks(cls) == 0);
-  void* e = _keel_central_take(cls, k->batch, &got); /* a whole batch still comes whole */
+  CHECK(got == h && d == (c == a ? b : a) && _keel_central_parked_blocks(cls) == 0);
+  void* e = _keel_central_take(cls, k->batch, &got); /* from the slabs: a whole batch */
   CHECK(got == k->batch);
+  _keel_central_give(cls, e, k->batch);
+  CHECK(_keel_central_parked_blocks(cls) == k->batch);
+  void* f = _keel_central_take(cls, h, &got); /* the front half; the back half parks again */
+  CHECK(got == h && f == e && _keel_central_parked_blocks(cls) == h);
+  uint32_t len = 0;
+  for (void* q = f; q != NULL; q = *(void**)q) len++;
+  CHECK(len == h);
+  _keel_verify();
   _keel_central_give(cls, c, h);
   _keel_central_give(cls, d, h);
-  _keel_central_give(cls, e, k->batch);
-  CHECK(cl->nbatches == 2 && _keel_central_half_blocks(cls) == 0);
+  _keel_central_give(cls, f, h);
+  CHECK(_keel_central_parked_blocks(cls) == 4 * h);
   _keel_verify();
   /* In a small heap the bins of a class spanning fewer than four slabs hold at most one
    * batch. */
@@ -505,13 +514,56 @@ static void test_half_batches(void) {
   keel_tcache_t* t = _keel_tc;
   static void* blocks[300];
   for (int r = 0; r < 3; r++) {
-    for (int i = 0; i < 300; i++) blocks[i] = malloc(440);
+    for (int i = 0; i < 300; i++) blocks[i] = malloc(72);
     for (int i = 0; i < 300; i++) free(blocks[i]);
   }
   CHECK(cl->slabs < 4 && t->bin[cls].max > 1 && t->bin[cls].max <= k->batch);
   keel_purge();
-  CHECK(cl->nbatches == 0 && _keel_central_half_blocks(cls) == 0);
+  CHECK(_keel_central_parked_blocks(cls) == 0);
   _keel_verify();
+}
+
+/* The transfer cache's lines: a full line's puts go on to the next line, every parked
+ * batch is found from any line, and nothing is lost or handed out twice. */
+static void test_transfer_lines(void) {
+  TEST_SECTION("transfer cache lines");
+  unsigned cls = keel_size_class(64);
+  const keel_class_t* k = &_keel_classes[cls];
+  _keel_central_activate(cls);
+  keel_purge();
+  CHECK(_keel_central_parked_blocks(cls) == 0);
+  enum { MAXB = 64 };
+  void* lists[MAXB];
+  uint32_t nl = 0, got;
+  /* Park until the lines in use are full: the next give goes to the slabs. */
+  for (;;) {
+    CHECK(nl < MAXB);
+    void* l = _keel_central_take_slabs(cls, k->batch, &got);
+    CHECK(got == k->batch);
+    if (!_keel_transfer_put(cls, l, false)) {
+      _keel_central_give(cls, l, got); /* to the slabs (the put failed, so will its) */
+      break;
+    }
+    lists[nl++] = l;
+  }
+  CHECK(nl >= 1 && _keel_central_parked_blocks(cls) == nl * k->batch);
+  _keel_verify();
+  /* Every one comes back exactly once, then the transfer cache is empty. */
+  void* back[MAXB];
+  for (uint32_t i = 0; i < nl; i++) {
+    uint32_t n;
+    back[i] = _keel_transfer_get(cls, &n);
+    CHECK(back[i] != NULL && n == k->batch);
+    uint32_t seen = 0;
+    for (uint32_t j = 0; j < nl; j++) seen += lists[j] == back[i];
+    CHECK(seen == 1);
+    for (uint32_t j = 0; j < nl; j++)
+      if (lists[j] == back[i]) lists[j] = NULL;
+  }
+  CHECK(!_keel_transfer_any(cls) && _keel_transfer_get(cls, &got) == NULL);
+  for (uint32_t i = 0; i < nl; i++) _keel_central_give(cls, back[i], k->batch);
+  keel_purge();
+  CHECK(_keel_central_parked_blocks(cls) == 0 && keel_central_of(cls)->out == 0);
 }
 
 /* A class that takes nothing from its slabs while blocks keep coming back (a server
@@ -1088,6 +1140,7 @@ int main(void) {
   test_options();
   test_thread_cache();
   test_half_batches();
+  test_transfer_lines();
   test_fine_classes();
   test_uncached_class();
   test_busy_trim();
