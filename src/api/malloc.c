@@ -32,15 +32,18 @@ static KEEL_NOINLINE void* alloc_slow(size_t n, bool zero) {
   return _keel_alloc_any(n, 0, zero, true);
 }
 
-/* Fast path: about a dozen instructions for sizes 1..1024 when the bin has a block. */
+/* Fast path: about a dozen instructions for sizes 1..1024 when the bin has a block. The
+ * head is decoded (freelist.h) and its low bits tested: an empty bin and a corrupt link
+ * both go to the slow path, which tells them apart. */
 API void* KEEL_FN(malloc)(size_t n) {
   size_t m = n - 1;
   if (KEEL_LIKELY(m < KEEL_SMALL_MAX)) {
     keel_tcache_t* t = _keel_tc;
     size_t cls = __atomic_load_n(&t->class_of[m >> 4], __ATOMIC_RELAXED);
-    void** p = (void**)t->head[cls];
-    if (KEEL_LIKELY(p != NULL)) {
-      t->head[cls] = p[0];
+    uintptr_t first = t->head[cls] ^ keel_link_key();
+    if (KEEL_LIKELY(keel_bin_head_ok(first))) {
+      void** p = (void**)first;
+      t->head[cls] = (uintptr_t)p[0]; /* the next link, still encoded */
       p[1] = NULL; /* clear the double-free key */
       if (KEEL_UNLIKELY(!keel_bin_count_pop(&t->bin[cls]))) return _keel_profile_countdown_expired_sized(p, n);
       return p;
@@ -138,7 +141,7 @@ static KEEL_NOINLINE void free_slow(void* p, const char* call) {
     if (((uintptr_t*)p)[1] == _keel_free_key)
       _keel_misuse(call, "double free of pointer", p, NULL, _keel_classes[sampled].size);
     _keel_profile_forget(p);
-    ((void**)p)[0] = NULL;
+    keel_link_set(p, NULL);
     ((uintptr_t*)p)[1] = _keel_free_key;
     _keel_central_give(sampled, p, 1);
     return;
@@ -172,9 +175,9 @@ API void KEEL_FN(free)(void* p) {
   uintptr_t key = _keel_free_key;
   if (KEEL_LIKELY((int8_t)cls > 0 && (a & 15) == 0 && ((uintptr_t*)p)[1] != key)) {
     if (KEEL_LIKELY(keel_bin_take_room(&t->bin[cls]))) {
-      ((void**)p)[0] = t->head[cls];
       ((uintptr_t*)p)[1] = key;
-      t->head[cls] = p;
+      ((uintptr_t*)p)[0] = t->head[cls]; /* stored encoded, as the head is */
+      t->head[cls] = a ^ keel_link_key();
       return;
     }
   }

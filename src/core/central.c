@@ -59,6 +59,19 @@ static inline keel_central_t* lock_class(unsigned cls) {
  * the back half again. */
 static inline uint32_t half_of(const keel_class_t* k) { return k->batch / 2u; }
 
+/* The block after q on a list of class cls: the link decoded and checked (freelist.h),
+ * and the block it leads to in a slab of that class (the page map says so: a link to
+ * anywhere else stops the process before the block is touched). */
+static void* list_next(const void* q, unsigned cls) {
+  void* next = keel_link_next(q, cls);
+  if (next != NULL) {
+    uint8_t kind = keel_pagemap_get(next);
+    if (KEEL_UNLIKELY(kind != cls && kind != KEEL_KIND_CARVED && keel_sampled_class(next, kind) != cls))
+      _keel_freelist_corrupt("malloc", cls, q);
+  }
+  return next;
+}
+
 uint32_t _keel_central_parked_blocks(unsigned cls) { return _keel_transfer_blocks(cls); }
 
 static inline void* slab_base(keel_chunk_t* c, keel_slab_t* head) {
@@ -195,7 +208,6 @@ static void slab_release(unsigned cls, keel_slab_t* s) {
   _keel_pageheap_free(s);
 }
 
-/* Moves up to `want` free blocks of slab s onto the list tail *tail; returns how many. */
 /* False sharing. Blocks smaller than a cache line share lines, and the lowest free bits
  * of a slab are usually the neighbours of blocks other threads hold. A take of less
  * than a line's worth (a young thread's single block, a slow-starting bin's first
@@ -218,15 +230,31 @@ static uint64_t* slab_bits(keel_slab_t* s, const keel_class_t* k, unsigned w) {
   return &KEEL_SLAB_BITS(s, w);
 }
 
-/* Appends block `index` of the slab at base to the list being built at *tail. */
-static void link_block(char* base, size_t index, uint32_t size, void*** tail) {
-  void** obj = (void**)(base + index * size);
-  **tail = obj;
-  *tail = (void**)obj;
+/* A list being built: *tail is the stored link (freelist.h) the next block goes into,
+ * first the builder's own head word, then each block's first word in turn. */
+typedef struct list_builder_s {
+  uintptr_t head; /* the first block, stored encoded like every link */
+  uintptr_t* tail;
+} list_builder_t;
+static inline void list_start(list_builder_t* lb) {
+  lb->head = 0;
+  lb->tail = &lb->head;
+}
+/* Ends the list and returns its first block (NULL if none). */
+static inline void* list_finish(list_builder_t* lb, unsigned cls) {
+  *lb->tail = 0;
+  return keel_link_decode(lb->head, "malloc", cls, &lb->head);
+}
+
+/* Appends block `index` of the slab at base to the list being built. */
+static void link_block(char* base, size_t index, uint32_t size, list_builder_t* lb) {
+  void* obj = base + index * size;
+  *lb->tail = keel_link_encode(obj);
+  lb->tail = (uintptr_t*)obj;
 }
 
 /* Takes want (< a group) blocks from one wholly free group, if the slab has one. */
-static uint32_t slab_take_alone(keel_slab_t* s, const keel_class_t* k, uint32_t want, void*** tail) {
+static uint32_t slab_take_alone(keel_slab_t* s, const keel_class_t* k, uint32_t want, list_builder_t* tail) {
   char* base = (char*)slab_base(keel_chunk_of(s), s);
   unsigned words = keel_class_words(k);
   for (unsigned w = s->scan; w < words; w++) {
@@ -243,7 +271,8 @@ static uint32_t slab_take_alone(keel_slab_t* s, const keel_class_t* k, uint32_t 
   return 0;
 }
 
-static uint32_t slab_take(keel_slab_t* s, unsigned cls, uint32_t want, void*** tail) {
+/* Moves up to `want` free blocks of slab s onto the list being built; returns how many. */
+static uint32_t slab_take(keel_slab_t* s, unsigned cls, uint32_t want, list_builder_t* tail) {
   const keel_class_t* k = &_keel_classes[cls];
   if (k->size < 64 && want * k->size < 64) {
     uint32_t got = slab_take_alone(s, k, want, tail);
@@ -292,10 +321,10 @@ void* _keel_central_take_parked(unsigned cls, uint32_t want, uint32_t* got) {
    * the next refill fault the pages back in. */
   stamp_take(keel_central_of(cls));
   if (n > want) {
-    void** last = (void**)list;
-    for (uint32_t i = 1; i < half; i++) last = (void**)*last;
-    void* back = *last;
-    *last = NULL;
+    void* last = list;
+    for (uint32_t i = 1; i < half; i++) last = list_next(last, cls);
+    void* back = list_next(last, cls);
+    keel_link_set(last, NULL);
     _keel_central_give(cls, back, n - half);
     n = half;
   }
@@ -304,6 +333,7 @@ void* _keel_central_take_parked(unsigned cls, uint32_t want, uint32_t* got) {
 }
 
 static void slab_put(keel_central_t* cl, unsigned cls, void* p);
+static void put_list(keel_central_t* cl, unsigned cls, void* list);
 
 /* Lock held, no slab with a free block: a parked batch goes back to its slabs rather
  * than the class taking a new slab beside it (a take too small for a batch - a young
@@ -312,11 +342,7 @@ static bool unpark_one(keel_central_t* cl, unsigned cls) {
   uint32_t n;
   void* list = _keel_transfer_get(cls, &n);
   if (list == NULL) return false;
-  while (list != NULL) {
-    void* next = *(void**)list;
-    slab_put(cl, cls, list);
-    list = next;
-  }
+  put_list(cl, cls, list);
   return true;
 }
 
@@ -328,8 +354,8 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
 void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
   const keel_class_t* k = &_keel_classes[cls];
   keel_central_t* cl = lock_class(cls);
-  void* head = NULL;
-  void** tail = (void**)&head;
+  list_builder_t list;
+  list_start(&list);
   uint32_t n = 0;
   bool grew = false;
   while (n < want) {
@@ -341,11 +367,11 @@ void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
       grew = true;
       partial_push(cl, s);
     }
-    n += slab_take(s, cls, want - n, &tail);
+    n += slab_take(s, cls, want - n, &list);
     if (s->used == k->count) slab_became_full(cl, s, k);
   }
   if (n > 0) stamp_take(cl);
-  *tail = NULL;
+  void* head = list_finish(&list, cls);
   cl->out += n;
   bool exhausted = cl->partial == NULL;
   keel_unlock(&cl->lock);
@@ -368,9 +394,10 @@ KEEL_COLD void* _keel_central_take_sampled(unsigned cls) {
   if (s == NULL && (s = slab_new(cls, true)) != NULL) partial_push(cl, s);
   void* head = NULL;
   if (s != NULL) {
-    void** tail = (void**)&head;
-    slab_take(s, cls, 1, &tail);
-    *tail = NULL;
+    list_builder_t list;
+    list_start(&list);
+    slab_take(s, cls, 1, &list);
+    head = list_finish(&list, cls);
     if (s->used == _keel_classes[cls].count) slab_became_full(cl, s, &_keel_classes[cls]);
     cl->out++;
   }
@@ -543,12 +570,12 @@ static bool borrowing(uint32_t* now, uint32_t* cold) {
          __atomic_load_n(&_keel_options.mesh, __ATOMIC_RELAXED) == KEEL_MESH_OFF;
 }
 
-unsigned _keel_central_lender_in(const void* const* heads, unsigned cls) {
+unsigned _keel_central_lender_in(const uintptr_t* heads, unsigned cls) {
   uint32_t now, cold;
   if (!borrowing(&now, &cold)) return 0;
   uint64_t most = (uint64_t)_keel_classes[cls].size * BORROW_SPAN;
   for (unsigned lender = cls + 1; lender < KEEL_NUM_CLASSES && _keel_classes[lender].size <= most; lender++)
-    if (heads[lender] != NULL && can_lend(keel_central_of(lender), &_keel_classes[lender], now, cold))
+    if (heads[lender] != 0 && can_lend(keel_central_of(lender), &_keel_classes[lender], now, cold))
       return lender;
   return 0;
 }
@@ -772,7 +799,7 @@ static void carve_release(keel_carve_t* d) {
   if (--s->carved == 0) _keel_pagemap_set((uintptr_t)base, s->units, (uint8_t)lender);
   cl->carved_from--;
   __atomic_sub_fetch(&carved_holes, 1, __ATOMIC_RELAXED);
-  ((void**)d)[0] = NULL;
+  keel_link_set(d, NULL);
   slab_put(cl, lender, d);
   keel_unlock(&cl->lock);
 }
@@ -874,28 +901,34 @@ static void slab_put(keel_central_t* cl, unsigned cls, void* p) {
   if (!s->in_partial) partial_push(cl, s);
 }
 
+/* Lock held: every block of a list goes back to its slab. */
+static void put_list(keel_central_t* cl, unsigned cls, void* list) {
+  while (list != NULL) {
+    void* next = list_next(list, cls);
+    slab_put(cl, cls, list);
+    list = next;
+  }
+}
+
 void _keel_central_give(unsigned cls, void* list, uint32_t n) {
   const keel_class_t* k = &_keel_classes[cls];
   if (k->transfer_max > 0 && (n == k->batch || n == half_of(k)) && _keel_transfer_put(cls, list, n != k->batch))
     return;
   keel_central_t* cl = keel_central_of(cls);
   keel_lock(&cl->lock);
-  while (list != NULL) {
-    void* next = *(void**)list;
-    slab_put(cl, cls, list);
-    list = next;
-  }
+  put_list(cl, cls, list);
   keel_unlock(&cl->lock);
 }
 
 struct find_s {
   void* p;
+  unsigned cls;
   bool found;
 };
 static void find_in_list(void* list, uint32_t n, void* ctx) {
   struct find_s* f = (struct find_s*)ctx;
   (void)n;
-  for (void* q = list; q != NULL && !f->found; q = *(void**)q) f->found = (q == f->p);
+  for (void* q = list; q != NULL && !f->found; q = list_next(q, f->cls)) f->found = (q == f->p);
 }
 
 KEEL_COLD bool _keel_central_is_free(unsigned cls, void* p) {
@@ -908,7 +941,7 @@ KEEL_COLD bool _keel_central_is_free(unsigned cls, void* p) {
     if (idx >= 0) is_free = (keel_slab_word(s, _keel_classes[cls].count, (unsigned)(idx / 64)) >> (idx % 64)) & 1;
   }
   if (!is_free) {
-    struct find_s find = {p, false};
+    struct find_s find = {p, cls, false};
     _keel_transfer_each(cls, find_in_list, &find);
     is_free = find.found;
   }
@@ -921,12 +954,7 @@ KEEL_COLD bool _keel_central_is_free(unsigned cls, void* p) {
 static void drain_transfer(keel_central_t* cl, unsigned cls, uint32_t now, uint32_t idle_ticks) {
   uint32_t n;
   void* list;
-  while ((list = _keel_transfer_take_idle(cls, now, idle_ticks, &n)) != NULL)
-    while (list != NULL) {
-      void* next = *(void**)list;
-      slab_put(cl, cls, list);
-      list = next;
-    }
+  while ((list = _keel_transfer_take_idle(cls, now, idle_ticks, &n)) != NULL) put_list(cl, cls, list);
 }
 
 /* Lock held. Purges every OS page of slab s whose blocks are all free in the slab (a

@@ -443,7 +443,7 @@ void* _keel_central_borrow(unsigned cls) KEEL_INTERNAL;
 /* A larger class that may lend to cls and whose entry in heads (a thread cache's bin
  * heads) holds a free block; 0 if none. Not counted in _keel_central_borrowed_blocks,
  * which counts blocks lent from slabs. */
-unsigned _keel_central_lender_in(const void* const* heads, unsigned cls) KEEL_INTERNAL;
+unsigned _keel_central_lender_in(const uintptr_t* heads, unsigned cls) KEEL_INTERNAL;
 /* A block of class cls carved out of a free block of a class 4-64 times its size
  * (central.c, "carving"); NULL if none. Never through a bin. */
 void* _keel_central_carve(unsigned cls) KEEL_INTERNAL;
@@ -584,7 +584,7 @@ typedef struct keel_tcache_s {
    * fast path's one load more for the coarse classes. 0 (head[0] is always NULL, so a
    * miss) until the cache is set up. */
   uint8_t class_of[KEEL_SMALL_MAX / 16];
-  void* head[KEEL_NUM_CLASSES]; /* [0] never used */
+  uintptr_t head[KEEL_NUM_CLASSES]; /* first free block, stored encoded (freelist.h); [0] never used */
   keel_bin_t bin[KEEL_NUM_CLASSES];
   struct keel_tcache_s* next;        /* registry of live caches */
   struct keel_tcache_s* prev;
@@ -770,5 +770,8 @@ void _keel_publish_tick(void) KEEL_INTERNAL;
 /* ---- statistics (stats.c) ------------------------------------------------------------- */
 void _keel_stats_collect(keel_stats_t* out) KEEL_INTERNAL;
 void _keel_stats_at_exit(void) KEEL_INTERNAL;
+
+/* The lists of free blocks and the bins' primitives (they need the types above). */
+#include "core/freelist.h"
 
 #endif /* KEEL_INTERNAL_H */

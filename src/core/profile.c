@@ -138,9 +138,7 @@ KEEL_HOT void* _keel_profile_countdown_expired(keel_tcache_t* t, unsigned cls, v
   void** q = (void**)_keel_central_take_sampled(cls);
   if (q == NULL) return p;
   /* Put p back on the bin: the program gets the sampled block instead. */
-  ((void**)p)[0] = t->head[cls];
-  ((uintptr_t*)p)[1] = _keel_free_key;
-  t->head[cls] = p;
+  keel_bin_push(t, cls, p);
   t->bin[cls].avail--;
   q[1] = NULL;
   record(q, n ? n : 1);

@@ -57,6 +57,15 @@ void _keel_misuse(const char* call, const char* what, const void* p, const char*
   _keel_prim_abort();
 }
 
+void _keel_freelist_corrupt(const char* call, unsigned cls, const void* at) {
+  char what[96];
+  keel_buf_t b = {what, 0, sizeof what};
+  _keel_buf_str(&b, "free list of the ");
+  _keel_buf_u64(&b, _keel_classes[cls].size);
+  _keel_buf_str(&b, "-byte class corrupted at");
+  _keel_misuse(call, what, at, ": a link was overwritten (a heap overflow?)", 0);
+}
+
 void _keel_fatal_internal(const char* file, int line_no, const char* what) {
   char line[256];
   keel_buf_t b = {line, 0, sizeof line};

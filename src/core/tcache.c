@@ -98,12 +98,12 @@ void _keel_tcache_classes_changed(void) {
 
 static void bins_reset(keel_tcache_t* t) {
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
-    t->head[cls] = NULL;
+    t->head[cls] = 0;
     t->bin[cls].max = initial_max(cls);
     t->bin[cls].avail = t->bin[cls].max;
     keel_bin_set_countdown(&t->bin[cls], _keel_profile_first_countdown(cls));
   }
-  t->head[0] = NULL;
+  t->head[0] = 0;
   t->bin[0].max = t->bin[0].avail = 0;
   t->max_bytes = 0;
 }
@@ -195,17 +195,10 @@ static keel_tcache_t* tcache_or_young(void) {
 void _keel_tcache_flush(keel_tcache_t* t) {
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     uint32_t batch = _keel_classes[cls].batch;
-    while (t->head[cls] != NULL) {
-      void* list = t->head[cls];
-      void** last = (void**)list;
+    while (!keel_bin_empty(t, cls)) {
       uint32_t n = 1;
-      while (n < batch && *last != NULL) {
-        last = (void**)*last;
-        n++;
-      }
-      t->head[cls] = *last;
-      *last = NULL;
-      _keel_central_give(cls, list, n);
+      for (void* q = keel_bin_first(t, cls); n < batch && (q = keel_link_next(q, cls)) != NULL;) n++;
+      _keel_central_give(cls, keel_bin_cut(t, cls, n), n);
     }
     t->bin[cls].max = initial_max(cls);
     t->bin[cls].avail = t->bin[cls].max;
@@ -257,11 +250,8 @@ static void* central_alloc_one(unsigned cls) {
 
 /* The first block of a bin that has one, handed out. */
 static void* bin_pop(keel_tcache_t* t, unsigned cls) {
-  void** p = (void**)t->head[cls];
-  t->head[cls] = p[0];
   t->bin[cls].avail++;
-  p[1] = NULL;
-  return p;
+  return keel_bin_pop_block(t, cls);
 }
 
 /* How many blocks an empty bin takes: what it has room for now (a first refill takes one
@@ -278,7 +268,7 @@ static uint32_t refill_want(keel_tcache_t* t, unsigned cls) {
 /* An empty bin takes the list of `got` blocks and hands out its first. */
 static void* bin_refill(keel_tcache_t* t, unsigned cls, void* list, uint32_t got) {
   t->refills++;
-  t->head[cls] = list;
+  keel_bin_set_first(t, cls, list);
   t->bin[cls].avail -= got;
   bin_grow(t, cls);
   return bin_pop(t, cls);
@@ -293,7 +283,7 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) {
   bool cached = t != NULL && t->bin[cls].max != 0; /* else cacheless, or an uncached class */
   uint32_t want = 0;
   bool looked = false; /* the transfer cache was searched and had nothing */
-  if (cached && t->head[cls] == NULL) {
+  if (cached && keel_bin_empty(t, cls)) {
     want = refill_want(t, cls);
     uint32_t got;
     void* list = _keel_central_take_parked(cls, want, &got);
@@ -308,14 +298,14 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) {
    * fragmented 2,048-byte class: 6.8 ns a pair before borrowing existed, 42-48 ns
    * searching the slabs each time, 12-13 ns from the bin). */
   if (may_borrow && !_keel_central_slabs_have_free(cls) && (looked || !_keel_transfer_any(cls))) {
-    unsigned lender = t != NULL ? _keel_central_lender_in((const void* const*)t->head, cls) : 0;
+    unsigned lender = t != NULL ? _keel_central_lender_in(t->head, cls) : 0;
     if (lender != 0) return bin_pop(t, lender);
     void* p = _keel_central_borrow(cls);
     if (p == NULL) p = _keel_central_carve(cls);
     if (p != NULL) return p;
   }
   if (!cached) return central_alloc_one(cls);
-  if (t->head[cls] == NULL) {
+  if (keel_bin_empty(t, cls)) {
     uint32_t got;
     void* list = looked ? _keel_central_take_slabs(cls, want, &got) : _keel_central_take(cls, want, &got);
     if (list == NULL) {
@@ -330,7 +320,7 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) {
 void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
   if (t == &_keel_tc_empty) t = tcache_or_young();
   if (t == NULL || t->bin[cls].max == 0) { /* cacheless, or an uncached class */
-    ((void**)p)[0] = NULL;
+    keel_link_set(p, NULL);
     ((uintptr_t*)p)[1] = _keel_free_key;
     _keel_central_give(cls, p, 1);
     return;
@@ -347,25 +337,19 @@ void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
        * the transfer cache); walking n blocks, not the whole bin. */
       uint32_t batch = bin_batch(k, cls);
       uint32_t count = t->bin[cls].max, n = count < batch ? count : batch;
-      void* list = t->head[cls];
-      void** last = (void**)list;
-      for (uint32_t i = 1; i < n; i++) last = (void**)*last;
-      t->head[cls] = *last;
-      *last = NULL;
+      void* list = keel_bin_cut(t, cls, n);
       t->bin[cls].avail += n;
       _keel_central_give(cls, list, n);
     }
   }
-  ((void**)p)[0] = t->head[cls];
-  ((uintptr_t*)p)[1] = _keel_free_key;
-  t->head[cls] = p;
+  keel_bin_push(t, cls, p);
   t->bin[cls].avail--;
 }
 
 bool _keel_tcache_contains(keel_tcache_t* t, unsigned cls, void* p) {
   uint32_t count = t->bin[cls].max - t->bin[cls].avail;
-  void* q = t->head[cls];
-  for (uint32_t i = 0; i < count && q != NULL; i++, q = *(void**)q)
+  void* q = keel_bin_first(t, cls);
+  for (uint32_t i = 0; i < count && q != NULL; i++, q = keel_link_next(q, cls))
     if (q == p) return true;
   return false;
 }

@@ -22,14 +22,13 @@ void* _keel_alloc_direct(unsigned cls) {
 static inline void* alloc_class(unsigned cls, size_t n, bool via_cache, bool may_borrow) {
   if (!via_cache) return _keel_alloc_direct(cls);
   keel_tcache_t* t = _keel_tc;
-  void** p = (void**)t->head[cls];
-  if (KEEL_LIKELY(p != NULL)) {
-    t->head[cls] = p[0];
-    p[1] = NULL;
+  void* p;
+  if (KEEL_LIKELY(!keel_bin_empty(t, cls))) {
+    p = keel_bin_pop_block(t, cls);
     if (KEEL_UNLIKELY(!keel_bin_count_pop(&t->bin[cls]))) return _keel_profile_countdown_expired(t, cls, p, n);
     return p;
   }
-  p = (void**)_keel_tcache_alloc_slow(t, cls, may_borrow);
+  p = _keel_tcache_alloc_slow(t, cls, may_borrow);
   if (p == NULL || t == &_keel_tc_empty) return p;
   if (KEEL_UNLIKELY(!keel_bin_count_sample_only(&t->bin[cls]))) return _keel_profile_countdown_expired(t, cls, p, n);
   return p;

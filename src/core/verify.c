@@ -48,7 +48,7 @@ static unsigned tag_class(const void* q) {
 static void verify_parked(void* list, uint32_t n, void* ctx) {
   unsigned cls = *(unsigned*)ctx;
   uint32_t got = 0;
-  for (void** q = (void**)list; q != NULL; q = (void**)q[0], got++) VERIFY(tag_class(q) == cls);
+  for (void* q = list; q != NULL; q = keel_link_next(q, cls), got++) VERIFY(tag_class(q) == cls);
   VERIFY(got == n && (n == _keel_classes[cls].batch || n == _keel_classes[cls].batch / 2));
 }
 
@@ -134,7 +134,7 @@ void _keel_verify(void) {
     uint32_t n = 0;
     /* (Blocks refilled from a slab have never been handed out, so they need not
      * carry the free key yet.) */
-    for (void** q = (void**)t->head[cls]; q != NULL; q = (void**)q[0], n++) {
+    for (void* q = t == &_keel_tc_empty ? NULL : keel_bin_first(t, cls); q != NULL; q = keel_link_next(q, cls), n++) {
       VERIFY(tag_class(q) == cls);
       VERIFY(n <= t->bin[cls].max);
     }

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -221,7 +222,7 @@ static void test_central(void) {
   /* The list is NULL-terminated, blocks are distinct, in one slab of the right class. */
   uint32_t n = 0;
   void* first = list;
-  for (void* p = list; p; p = *(void**)p) {
+  for (void* p = list; p; p = keel_link_next(p, cls)) {
     n++;
     CHECK(keel_pagemap_get(p) == cls);
     bool exact;
@@ -233,8 +234,8 @@ static void test_central(void) {
   _keel_block_start(cls, (char*)first + 16, &exact);
   CHECK(!exact);
   /* Returning fewer than a batch puts them back in their slab: now provably free. */
-  void* second = *(void**)first;
-  *(void**)first = NULL;
+  void* second = keel_link_next(first, cls);
+  keel_link_set(first, NULL);
   _keel_central_give(cls, first, 1);
   CHECK(_keel_central_is_free(cls, first));
   /* A whole batch parks in the transfer cache and comes back whole. */
@@ -248,7 +249,7 @@ static void test_central(void) {
   CHECK(list3 == list2 && got3 == got2);
   /* Give everything back. */
   uint32_t rest = 0;
-  for (void* p = second; p; p = *(void**)p) rest++;
+  for (void* p = second; p; p = keel_link_next(p, cls)) rest++;
   _keel_central_give(cls, second, rest);
   _keel_central_give(cls, list3, got3);
   _keel_central_purge_all(0); /* back to the slabs, nothing trimmed */
@@ -368,7 +369,7 @@ static void test_thread_cache(void) {
   keel_tcache_t* t = _keel_tc;
   CHECK(t != &_keel_tc_empty);
   unsigned cls = keel_size_class(64);
-  CHECK(t->head[cls] == p);
+  CHECK(keel_bin_first(t, cls) == p);
   CHECK(_keel_tcache_contains(t, cls, p));
   for (unsigned c = 1; c < KEEL_NUM_CLASSES; c++) CHECK(t->bin[c].avail <= t->bin[c].max);
   void* many[2000];
@@ -376,7 +377,7 @@ static void test_thread_cache(void) {
   for (int i = 0; i < 2000; i++) free(many[i]);
   CHECK(t->bin[cls].max <= _keel_classes[cls].bin_limit);
   keel_thread_flush();
-  CHECK(t->head[cls] == NULL);
+  CHECK(keel_bin_empty(t, cls));
   CHECK(!_keel_tcache_contains(t, cls, p));
 }
 
@@ -455,11 +456,11 @@ static void test_uncached_class(void) {
     free(p);
     if (i == 99) CHECK(_keel_central_is_free(cls, p)); /* in its slab, not in a bin */
   }
-  CHECK(t->head[cls] == NULL && t->bin[cls].max == 0 && t->bin[cls].avail == 0);
+  CHECK(keel_bin_empty(t, cls) && t->bin[cls].max == 0 && t->bin[cls].avail == 0);
   unsigned small = keel_size_class(KEEL_CACHED_MAX);
   void* q = malloc(KEEL_CACHED_MAX);
   free(q);
-  CHECK(t->head[small] == q); /* the largest cached class still is */
+  CHECK(keel_bin_first(t, small) == q); /* the largest cached class still is */
 }
 
 /* Half batches: a small heap's small classes' bins move half a batch at a time (run
@@ -500,7 +501,7 @@ static void test_half_batches(void) {
   void* f = _keel_central_take(cls, h, &got); /* the front half; the back half parks again */
   CHECK(got == h && f == e && _keel_central_parked_blocks(cls) == h);
   uint32_t len = 0;
-  for (void* q = f; q != NULL; q = *(void**)q) len++;
+  for (void* q = f; q != NULL; q = keel_link_next(q, cls)) len++;
   CHECK(len == h);
   _keel_verify();
   _keel_central_give(cls, c, h);
@@ -521,6 +522,80 @@ static void test_half_batches(void) {
   keel_purge();
   CHECK(_keel_central_parked_blocks(cls) == 0);
   _keel_verify();
+}
+
+/* Runs fn(arg) in a forked child; true if the child died of SIGABRT with a line on
+ * stderr containing `words`. */
+static bool child_stops_with(void (*fn)(void*), void* arg, const char* words) {
+  int fds[2];
+  if (pipe(fds) != 0) return false;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], 2);
+    fn(arg);
+    _exit(0);
+  }
+  close(fds[1]);
+  char report[512] = {0};
+  for (size_t len = 0; len < sizeof report - 1;) {
+    ssize_t r = read(fds[0], report + len, sizeof report - 1 - len);
+    if (r <= 0) break;
+    len += (size_t)r;
+  }
+  close(fds[0]);
+  int status = 0;
+  bool ok = pid > 0 && waitpid(pid, &status, 0) == pid && WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT &&
+            strstr(report, words) != NULL;
+  if (!ok) fprintf(stderr, "child's report: %s\n", report);
+  return ok;
+}
+
+/* Issue 31's attacks on the lists that never pass through a bin: one link of a list is
+ * overwritten (a plain pointer, as an overflow writes; or the secret's own encoding of
+ * an address outside Keel's slabs, as a writer that knew the key would) and the list
+ * is then followed. */
+static unsigned attack_cls;
+static void* attack_list;
+static void attack_take_half(void* arg) { /* a transfer batch split for a half-batch take */
+  (void)arg;
+  CHECK(_keel_transfer_put(attack_cls, attack_list, false));
+  uint32_t got;
+  _keel_central_take(attack_cls, _keel_classes[attack_cls].batch / 2, &got);
+}
+static void attack_to_slabs(void* arg) { /* a list going back to its slabs */
+  (void)arg;
+  _keel_central_give(attack_cls, attack_list, 3);
+}
+static void attack_bin(void* arg) { /* a batch refilled into a bin, then popped */
+  (void)arg;
+  CHECK(_keel_transfer_put(attack_cls, attack_list, false));
+  for (uint32_t i = 0; i < 4 * _keel_classes[attack_cls].batch; i++) (void)malloc(_keel_classes[attack_cls].size);
+}
+
+static void test_freelist_attacks(void) {
+  TEST_SECTION("free-list links: an overwritten link stops the process, naming the list");
+  unsigned cls = keel_size_class(48);
+  const keel_class_t* k = &_keel_classes[cls];
+  attack_cls = cls;
+  static _Alignas(64) char outside[256];
+  uint32_t got;
+  for (int forged = 0; forged < 2; forged++) {
+    /* Word 2 of the list: its link to word 3 overwritten. */
+    attack_list = _keel_central_take_slabs(cls, k->batch, &got);
+    CHECK(got == k->batch);
+    void* third = keel_list_nth_tail(attack_list, 3, cls);
+    void* second = keel_list_nth_tail(attack_list, 2, cls);
+    (void)third;
+    if (forged) keel_link_set(second, outside + 64);           /* encoded, but no slab */
+    else *(uintptr_t*)second = (uintptr_t)(outside + 64);     /* a plain pointer */
+    CHECK(child_stops_with(attack_take_half, NULL, "free list of the 48-byte class corrupted at"));
+    CHECK(child_stops_with(attack_to_slabs, NULL, "free list of the 48-byte class corrupted at"));
+    if (!forged) CHECK(child_stops_with(attack_bin, NULL, "free list of the 48-byte class corrupted at"));
+    /* Mend the link and give the list back. */
+    keel_link_set(second, third);
+    _keel_central_give(cls, attack_list, got);
+  }
+  keel_purge();
 }
 
 /* The transfer cache's lines: a full line's puts go on to the next line, every parked
@@ -589,7 +664,7 @@ static void test_busy_trim(void) {
   /* Keep one block in 16: three pages in four hold free blocks only (4 KiB pages). */
   for (int i = 0; i < N; i++)
     if (i % 16) {
-      ((void**)b[i])[0] = NULL;
+      keel_link_set(b[i], NULL);
       _keel_central_give(cls, b[i], 1);
     }
   CHECK(_keel_central_trimmed_bytes() == before); /* the class has just taken */
@@ -610,7 +685,7 @@ static void test_busy_trim(void) {
   for (keel_slab_t* s = cl->partial; s != NULL; s = s->next) CHECK(!s->needs_trim);
   /* Cold now: a free that empties a page purges it at once... */
   for (int i = 16; i < N; i += 32) {
-    ((void**)b[i])[0] = NULL;
+    keel_link_set(b[i], NULL);
     _keel_central_give(cls, b[i], 1);
     b[i] = NULL;
   }
@@ -621,7 +696,7 @@ static void test_busy_trim(void) {
   CHECK(_keel_central_trimmed_bytes() == freed);
   for (int i = 0; i < N; i += 16)
     if (b[i]) {
-      ((void**)b[i])[0] = NULL;
+      keel_link_set(b[i], NULL);
       _keel_central_give(cls, b[i], 1);
     }
   CHECK(cl->out == out_before);
@@ -714,7 +789,7 @@ static void test_borrow(void) {
 #define GIVE_BACK(i)                          \
   do {                                        \
     live[i] = false;                          \
-    ((void**)b[i])[0] = NULL;                 \
+    keel_link_set(b[i], NULL);                 \
     _keel_central_give(lender, b[i], 1);      \
   } while (0)
   uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
@@ -745,9 +820,9 @@ static void test_borrow(void) {
   /* A free block of the lender in a thread's own bin is lent first (no lock, not
    * counted); only a lender that may lend qualifies. */
   {
-    static const void* heads[KEEL_NUM_CLASSES];
+    static uintptr_t heads[KEEL_NUM_CLASSES];
     CHECK(_keel_central_lender_in(heads, mine) == 0);
-    heads[lender] = b[0];
+    heads[lender] = keel_link_encode(b[0]);
     CHECK(_keel_central_lender_in(heads, mine) == lender);
     CHECK(_keel_central_lender_in(heads, keel_size_class(900)) == 0); /* more than twice */
     __atomic_store_n(&lcl->take_tick, now, __ATOMIC_RELAXED); /* taking, few holes */
@@ -758,8 +833,8 @@ static void test_borrow(void) {
   DRAIN();
   __atomic_store_n(&_keel_options.mesh, KEEL_MESH_ON, __ATOMIC_RELAXED);
   {
-    static const void* heads[KEEL_NUM_CLASSES];
-    heads[lender] = b[0];
+    static uintptr_t heads[KEEL_NUM_CLASSES];
+    heads[lender] = keel_link_encode(b[0]);
     CHECK(_keel_central_lender_in(heads, mine) == 0);
   }
   void* meshing = malloc(1500);
@@ -877,7 +952,7 @@ static void test_carve(void) {
   }
   _keel_central_decay(IDLE); /* sets the cold threshold: carving needs the purger's clock */
   for (int i = 1; i < N; i += 2) { /* holes beside live blocks */
-    ((void**)b[i])[0] = NULL;
+    keel_link_set(b[i], NULL);
     _keel_central_give(lender, b[i], 1);
   }
   uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
@@ -941,7 +1016,7 @@ static void test_carve(void) {
   CHECK(strstr(report, "double free") != NULL);
   _keel_verify();
   for (int i = 2; i < N; i += 2) {
-    ((void**)b[i])[0] = NULL;
+    keel_link_set(b[i], NULL);
     _keel_central_give(lender, b[i], 1);
   }
   _keel_tcache_thread_flush();
@@ -972,7 +1047,7 @@ static void test_bitmap_rows(void) {
       void* list = _keel_central_take(cls, want - nblocks[i] > 4096 ? 4096 : want - nblocks[i], &got);
       CHECK(list != NULL);
       if (list == NULL) break;
-      for (void* p = list; p; p = *(void**)p) blocks[i][nblocks[i]++] = p;
+      for (void* p = list; p; p = keel_link_next(p, cls)) blocks[i][nblocks[i]++] = p;
     }
     for (uint32_t b = 0; b < nblocks[i]; b++) {
       keel_slab_t* s = keel_span_head(keel_chunk_of(blocks[i][b]), keel_unit_index(blocks[i][b]));
@@ -1006,7 +1081,7 @@ static void test_bitmap_rows(void) {
         if (slabs[n] == s && back[n] == NULL && s->used == _keel_classes[cls].count) {
           back[n] = blocks[i][b];
           blocks[i][b] = NULL;
-          ((void**)back[n])[0] = NULL;
+          keel_link_set(back[n], NULL);
           _keel_central_give(cls, back[n], 1);
         }
     }
@@ -1040,7 +1115,7 @@ static void test_bitmap_rows(void) {
     unsigned cls = keel_size_class(sizes[i]);
     for (uint32_t b = 0; b < nblocks[i]; b++)
       if (blocks[i][b] != NULL) {
-        ((void**)blocks[i][b])[0] = NULL;
+        keel_link_set(blocks[i][b], NULL);
         _keel_central_give(cls, blocks[i][b], 1);
       }
   }
@@ -1141,6 +1216,7 @@ int main(void) {
   test_thread_cache();
   test_half_batches();
   test_transfer_lines();
+  test_freelist_attacks();
   test_fine_classes();
   test_uncached_class();
   test_busy_trim();
