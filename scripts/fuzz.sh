@@ -7,12 +7,14 @@
 #   --regressions     run every input in tests/fuzz/corpus and tests/fuzz/regressions once
 #   --quick           the regressions, then 60 s of fuzzing (CI; KEEL_FUZZ_QUICK_SECONDS)
 #   --time S          the regressions, then S seconds of fuzzing (default 1200: make fuzz)
+#   --jobs N          fuzzing processes side by side (default: 2 with --time, 1 with --quick)
 #   --no-regressions  skip the regression inputs
 #   --update-corpus   merge what the run found into tests/fuzz/corpus (minimised)
 # Fuzzing starts from a scratch copy of tests/fuzz/corpus (the repo is not touched unless
 # --update-corpus). A crash input is copied to tests/fuzz/regressions/ (then the ctest
 # test fuzz.regressions replays it until the bug is fixed) and the script fails.
-# One process, one core (-jobs is not used: the machine is shared).
+# --quick (CI) is one process on one core; make fuzz runs one per core of the 2-core
+# machine (-jobs), each for the whole time, and adds up their operations.
 # Environment: KEEL_FUZZ_BUILD (build dir, default ./build-fuzz), CLANG (default clang),
 # KEEL_FUZZ_RESULTS (logs and artifacts, default ./results/fuzz).
 # Exit status: 0 ok, 1 crash or failure, 77 clang/libFuzzer not installed.
@@ -23,14 +25,16 @@ results=${KEEL_FUZZ_RESULTS:-$here/results/fuzz}
 cc=${CLANG:-clang}
 mode=time
 secs=1200
+jobs=
 regress=1
 update=0
 extra=()
 while (($#)); do
   case $1 in
     --regressions) mode=regressions ;;
-    --quick) mode=time; secs=${KEEL_FUZZ_QUICK_SECONDS:-60} ;;
+    --quick) mode=time; secs=${KEEL_FUZZ_QUICK_SECONDS:-60}; jobs=${jobs:-1} ;;
     --time) mode=time; secs=$2; shift ;;
+    --jobs) jobs=$2; shift ;;
     --no-regressions) regress=0 ;;
     --update-corpus) update=1 ;;
     --) shift; extra=("$@"); break ;;
@@ -95,12 +99,27 @@ if [[ $mode == time ]] && ((status == 0)); then
   art="$results/artifacts/"
   mkdir -p "$art"
   log "fuzzing for $secs s (corpus: $(ls "$work" | wc -l) seeds; log: $results/fuzz.log)"
-  "$bin" "${opts[@]}" -max_total_time="$secs" -artifact_prefix="$art" \
-    -seed="${KEEL_FUZZ_SEED:-0}" "${extra[@]}" "$work" >"$results/fuzz.log" 2>&1
-  rc=$?
-  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$results/fuzz.log" | grep -o '[0-9]*$' | tail -1)
+  jobs=${jobs:-2}
+  if ((jobs > 1)); then
+    # Each worker logs to fuzz-<n>.log in the current folder; they share the corpus.
+    rm -f "$results"/fuzz-*.log
+    (cd "$results" && "$bin" "${opts[@]}" -max_total_time="$secs" -artifact_prefix="$art" \
+      -jobs="$jobs" -workers="$jobs" -seed="${KEEL_FUZZ_SEED:-0}" "${extra[@]}" "$work") >"$results/fuzz.log" 2>&1
+    rc=$?
+    stats=("$results"/fuzz-*.log)
+  else
+    "$bin" "${opts[@]}" -max_total_time="$secs" -artifact_prefix="$art" \
+      -seed="${KEEL_FUZZ_SEED:-0}" "${extra[@]}" "$work" >"$results/fuzz.log" 2>&1
+    rc=$?
+    stats=("$results/fuzz.log")
+  fi
+  execs=$(cat "${stats[@]}" | grep -o 'stat::number_of_executed_units: *[0-9]*' | grep -o '[0-9]*$' |
+    awk '{s += $1} END {print s}')
+  ops=$(cat "${stats[@]}" | grep -o 'fuzz_keel: [0-9]* allocator operations' | grep -o '[0-9][0-9]*' |
+    awk '{s += $1} END {print s}')
   cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+' "$results/fuzz.log" | tail -1)
-  log "done: status $rc, ${execs:-?} executions, ${cov:-?}, corpus now $(ls "$work" | wc -l)"
+  log "done: status $rc, $jobs process(es), ${execs:-?} executions, ${ops:-?} allocator operations" \
+    "($(( ${ops:-0} / secs )) per second), ${cov:-?}, corpus now $(ls "$work" | wc -l)"
   if ((rc != 0)); then
     status=1
     grep -E 'fuzz_keel: FAILED|ERROR: |runtime error|SUMMARY' "$results/fuzz.log" | head -10
