@@ -2,14 +2,16 @@
  *
  * A free block on a list (a thread-cache bin, a batch in the transfer cache, a list
  * passed between the tiers) holds the next block's address in its first word, XORed with
- * a per-process secret (_keel_link_key, from getrandom at start-up; its low four bits
- * are never all zero). The end of a list is stored as 0. A bin's head is stored the same
+ * a per-process secret (_keel_link_key, from getrandom at start-up; at least two of its
+ * low four bits are set). The end of a list is stored as 0. A bin's head is stored the same
  * way, so a pop copies the next link into the head without decoding it, and a push
  * copies the head into the block: malloc decodes one value (an XOR) and free encodes one.
  *
  * A link an overflow wrote (a plain pointer, or garbage) decodes to an address whose low
  * four bits are the key's - not a block start - unless the writer knew the key's low
- * bits (1 in 15): malloc's fast path tests those bits where it used to test for NULL (an
+ * bits (1 in 11); so does a link, or a list's end, with one of its low four bits flipped
+ * (the fuzzer's corruption mode found a flipped end that decoded to a block start when
+ * the key had a single low bit): malloc's fast path tests those bits where it used to test for NULL (an
  * empty bin decodes to the key itself, so the same test sends it to the slow path), and
  * every slow path that follows a link checks them too and, where it reads the page map
  * anyway, that the block lies in a slab of the list's class. A failed check ends the

@@ -10,7 +10,7 @@ bool _keel_ready;
 uintptr_t _keel_free_key = 1;
 /* Until start-up sets the secret, every bin is empty (stored 0), which decodes to this:
  * not a block start, so the first malloc goes to the slow path, which starts Keel. */
-uintptr_t _keel_link_key = 8;
+uintptr_t _keel_link_key = 6;
 size_t _keel_page_size = 4096;
 static _Atomic int init_state; /* 0 not started, 1 running, 2 done */
 
@@ -24,10 +24,11 @@ void _keel_init(void) {
     _keel_classes_init();
     _keel_transfer_init();
     _keel_free_key = (uintptr_t)_keel_prim_random() | 1;
-    /* Low four bits not all zero: an empty bin, and a plain pointer written over a
-     * link, decode to an address that is no block start (freelist.h). */
+    /* At least two of the low four bits set: an empty bin, a plain pointer written
+     * over a link, and a list's end (stored 0) with one of those bits flipped all decode
+     * to an address that is no block start (freelist.h). */
     uintptr_t link_key = (uintptr_t)_keel_prim_random();
-    _keel_link_key = (link_key & 15) != 0 ? link_key : link_key | 8;
+    _keel_link_key = __builtin_popcountll(link_key & 15) >= 2 ? link_key : link_key | 6;
     _keel_profile_init();
     atomic_store(&init_state, 2);
     __atomic_store_n(&_keel_ready, true, __ATOMIC_RELEASE);

@@ -470,8 +470,8 @@ static void end_input(void) {
   if (stat_inputs % 64 == 0) _keel_verify();
 }
 
-#define EDGE_WINDOW 4
-#define WALK_EVERY 8192
+#define EDGE_WINDOW 2
+#define WALK_EVERY 32768
 #define CORRUPT_EVERY 16384
 static unsigned edge_next; /* the next live slot whose edges are checked */
 
