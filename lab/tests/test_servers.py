@@ -395,6 +395,21 @@ def test_sphinx_smoke(tmp_path, bench_lock):
     assert_nothing_left(rec.pids)
 
 
+def test_sphinx_thp_on_keeps_a_variants_own_policy():
+    """THP 'on' runs Keel under KEEL_THP=always unless the variant sets its own (issue 33:
+    keel+KEEL_THP=dense showed exactly the 'always' figures); 'off' is always never."""
+    from keel_lab.allocators import Allocator
+    from keel_lab.suites.sphinx import keel_thp_for
+    plain = Allocator("keel", "/x/libkeel.so")
+    dense = Allocator("keel+KEEL_THP=dense", "/x/libkeel.so", (("KEEL_THP", "dense"),))
+    assert keel_thp_for(plain, "on") == "always"
+    assert keel_thp_for(dense, "on") is None          # the variant's dense stands
+    assert dense.env({})["KEEL_THP"] == "dense"
+    assert keel_thp_for(dense, "off") == "never"
+    assert keel_thp_for(dense, "dense") == "dense"
+    assert keel_thp_for(Allocator("glibc", None), "on") == "always"
+
+
 def test_sphinx_thp_dense_under_keel(tmp_path, bench_lock):
     """thp=dense: one searchd, under KEEL_THP=dense; a mode the suite does not know is
     refused before anything starts."""

@@ -4,7 +4,8 @@ huge pages allowed for searchd and once with them disabled for the whole process
 
 THP off = prctl(PR_SET_THP_DISABLE, 1) in the child before exec (inherited by
 everything searchd forks), plus KEEL_THP=never for Keel; THP on = the machine's own
-setting (not changed here) plus KEEL_THP=always; THP dense (on request) = the machine's
+setting (not changed here) plus KEEL_THP=always, or the variant's own KEEL_THP where it
+sets one (keel+KEEL_THP=dense); THP dense (on request) = the machine's
 setting plus KEEL_THP=dense (Keel collapses its dense huge pages in the background
 instead of taking huge pages at fault time). The machine-wide setting in
 /sys/kernel/mm/transparent_hugepage/enabled is only read, never written.
@@ -33,6 +34,16 @@ from .redis import opt_bool, opt_float, opt_list, opt_env, size_mode
 THP_SYSFS = "/sys/kernel/mm/transparent_hugepage/enabled"
 # Each THP setting of the suite and the KEEL_THP policy Keel runs under in it.
 THP_MODES = {"on": "always", "off": "never", "dense": "dense"}
+
+
+def keel_thp_for(allocator, thp: str) -> Optional[str]:
+    """The KEEL_THP searchd runs under in THP setting `thp`: the suite's policy for it,
+    except that THP 'on' keeps a Keel variant's own KEEL_THP (keel+KEEL_THP=dense is
+    compared with keel in one run); None: leave the variable as the variant has it."""
+    own = dict(getattr(allocator, "extra_env", ()) or ()).get("KEEL_THP")
+    if thp == "on" and own:
+        return None
+    return THP_MODES[thp]
 
 
 def machine_thp() -> str:
@@ -157,7 +168,7 @@ index idx
             f"ORDER BY attr, bm25), {clients} client processes for {secs:.0f}s per THP setting, "
             f"after one warm-up pass; a fresh searchd per setting.",
             f"THP: machine setting is '{machine_thp()}' (not changed). 'on' = that setting plus "
-            f"KEEL_THP=always; 'dense' = that setting plus KEEL_THP=dense; "
+            f"KEEL_THP=always (a variant's own KEEL_THP where it sets one); 'dense' = that setting plus KEEL_THP=dense; "
             f"'off' = prctl(PR_SET_THP_DISABLE) on searchd plus KEEL_THP=never. "
             f"With 'madvise', only memory the allocator madvises gets huge pages when on. "
             f"throughput/latency/rss_final_kib headline values are from THP {head}; "
@@ -211,7 +222,9 @@ index idx
 
     def _serve(self, ctx, index_conf, thp, qfile, clients, secs, work) -> dict:
         extra = opt_env(ctx)
-        extra["KEEL_THP"] = THP_MODES[thp]
+        policy = keel_thp_for(ctx.allocator, thp)
+        if policy is not None:
+            extra["KEEL_THP"] = policy
         srv = sv.SphinxServer(ctx.allocator, workdir=work, index_conf=index_conf, extra_env=extra,
                               preexec=sv.thp_disable if thp == "off" else None,
                               ready_query="SELECT id FROM idx LIMIT 1")
