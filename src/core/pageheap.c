@@ -35,7 +35,14 @@ static unsigned longest_run(uint64_t m) {
 }
 
 /* Lowest unit k such that units k..k+n-1 are free and k is a multiple of `align`. */
-static int find_run(uint64_t free_mask, size_t n, size_t align) {
+/* The first unit of a run of n free units (aligned to `align` units), -1 if none: the
+ * lowest run whose units are all dirty if there is one, else the one with the most
+ * dirty units at its start, else the lowest. Memory freed a moment ago is still
+ * resident: a span that takes it costs no page faults and leaves the clean units clean,
+ * where taking the lowest run spread a server's churn of large blocks and slabs over
+ * every free unit of its chunks until the purge delay ran out (Sphinx searchd: 3 MiB
+ * resident in free units at its peak). */
+static int find_run(uint64_t free_mask, uint64_t dirty_mask, size_t n, size_t align) {
   uint64_t m = free_mask;
   for (size_t i = 1; i < n && m; i++) m &= free_mask >> i;
   if (align > 1) {
@@ -43,7 +50,10 @@ static int find_run(uint64_t free_mask, size_t n, size_t align) {
     for (size_t k = 0; k < KEEL_CHUNK_UNITS; k += align) allowed |= (uint64_t)1 << k;
     m &= allowed;
   }
-  return m ? __builtin_ctzll(m) : -1;
+  if (m == 0) return -1;
+  uint64_t warm = m & dirty_mask;
+  for (size_t i = 1; i < n && (warm & (dirty_mask >> i)); i++) warm &= dirty_mask >> i;
+  return __builtin_ctzll(warm ? warm : m);
 }
 
 static void list_remove(keel_chunk_t* c) {
@@ -63,6 +73,9 @@ static void list_insert(keel_chunk_t* c) {
 }
 
 static size_t purge_locked(bool all, uint64_t now);
+static size_t purge_older(uint64_t delay, bool all, uint64_t now);
+static void purge_to_cap(uint64_t now);
+static void purge_large_over_cap(keel_chunk_t* c, unsigned k, unsigned n);
 
 /* ---- transparent huge pages (KEEL_THP) ----------------------------------------------
  * SYSTEM gives no advice. ALWAYS advises MADV_HUGEPAGE on every chunk and on huge blocks
@@ -183,10 +196,10 @@ keel_slab_t* _keel_pageheap_alloc(size_t n, size_t align, bool* zeroed) {
   int k = -1;
   for (size_t r = n; r < KEEL_CHUNK_UNITS && k < 0; r++)
     for (c = by_run[r]; c != NULL; c = c->next)
-      if ((k = find_run(c->free_mask, n, align)) >= 0) break;
+      if ((k = find_run(c->free_mask, c->dirty_mask, n, align)) >= 0) break;
   if (k < 0) {
     c = chunk_new();
-    if (c) k = find_run(c->free_mask, n, align);
+    if (c) k = find_run(c->free_mask, c->dirty_mask, n, align);
     if (k < 0) {
       keel_unlock(&heap_lock);
       return NULL;
@@ -206,11 +219,15 @@ void _keel_pageheap_free(keel_slab_t* head) {
   keel_chunk_t* c = chunk_of_slab(head);
   unsigned k = (unsigned)(head - c->units);
   uint64_t now = _keel_prim_clock_ms();
+  bool large = head->state == KEEL_UNIT_LARGE;
+  unsigned n = head->units;
   keel_lock(&heap_lock);
   list_remove(c);
-  give_units(c, k, head->units, now);
+  give_units(c, k, n, now);
   list_insert(c);
+  if (large) purge_large_over_cap(c, k, n);
   if (now - last_purge_ms >= _keel_options.purge_delay_ms / 2 + 1) purge_locked(false, now);
+  else purge_to_cap(now);
   keel_unlock(&heap_lock);
 }
 
@@ -460,9 +477,45 @@ void _keel_thp_counts(keel_thp_counts_t* out) {
 /* Gives back dirty free units freed at least the purge delay ago (all of them if
  * `all`), and unmaps chunks left wholly free and clean. Returns bytes released. */
 static size_t purge_locked(bool all, uint64_t now) {
+  return purge_older(_keel_options.purge_delay_ms, all, now);
+}
+
+/* Free units that may hold pages are purged once freed for the purge delay, and sooner
+ * once there are more of them than an eighth of the units in spans (at least a MiB):
+ * those freed more than an eighth of the delay ago, and a large block's units as it is
+ * freed (as glibc unmaps its big blocks). A server that churns large blocks kept every
+ * unit it had freed in the last second resident (Sphinx searchd: 3-5 MiB of free units
+ * at its peak, with 10 MiB in spans; glibc's heap is 3-4 MiB smaller). A slab's units
+ * wait: a program that takes and empties slabs in turn (bench/workset) reuses them
+ * within milliseconds, and purging them at once cost it a fifth more time. Heap lock
+ * held. */
+#define DIRTY_SHARE 8
+#define DIRTY_MIN_UNITS 16
+static uint64_t last_cap_ms;
+static bool over_cap(void) {
+  uint64_t in_spans = chunk_count * (KEEL_CHUNK_UNITS - 1) - dirty_units - clean_free_units;
+  uint64_t cap = in_spans / DIRTY_SHARE > DIRTY_MIN_UNITS ? in_spans / DIRTY_SHARE : DIRTY_MIN_UNITS;
+  return dirty_units > cap;
+}
+static void purge_to_cap(uint64_t now) {
+  if (!over_cap() || now == last_cap_ms) return; /* at most one pass a millisecond */
+  last_cap_ms = now;
+  purge_older(_keel_options.purge_delay_ms / 8, false, now);
+}
+/* Units k..k+n-1 of c were a large block: purged now if free units are over the cap
+ * (never parts of a huge page: KEEL_THP=always and dense give those back whole). */
+static void purge_large_over_cap(keel_chunk_t* c, unsigned k, unsigned n) {
+  if (!over_cap() || _keel_thp_purge_granule() > KEEL_UNIT_SIZE || (c->promoted_mask & UNIT_BITS(k, n))) return;
+  size_t released = purge_units(c, k, n);
+  if (released) {
+    purged_bytes += released;
+    purge_runs++;
+  }
+}
+
+static size_t purge_older(uint64_t delay, bool all, uint64_t now) {
   size_t released = 0;
   last_purge_ms = now;
-  uint64_t delay = _keel_options.purge_delay_ms;
   size_t granule = _keel_thp_purge_granule();
   if (granule <= KEEL_UNIT_SIZE) granule = 0; /* a unit is whole huge pages */
   for (unsigned r = 0; r < KEEL_CHUNK_UNITS; r++) {

@@ -139,7 +139,7 @@ void* _keel_transfer_take_idle(unsigned cls, uint32_t now, uint32_t idle_ticks, 
   return NULL;
 }
 
-uint32_t _keel_transfer_blocks(unsigned cls) {
+KEEL_COLD uint32_t _keel_transfer_blocks(unsigned cls) {
   const keel_class_t* k = &_keel_classes[cls];
   uint32_t blocks = 0;
   for (unsigned i = 0; i < line_count; i++) {
@@ -153,7 +153,7 @@ uint32_t _keel_transfer_blocks(unsigned cls) {
   return blocks;
 }
 
-void _keel_transfer_each(unsigned cls, void (*fn)(void* list, uint32_t n, void* ctx), void* ctx) {
+KEEL_COLD void _keel_transfer_each(unsigned cls, void (*fn)(void* list, uint32_t n, void* ctx), void* ctx) {
   const keel_class_t* k = &_keel_classes[cls];
   for (unsigned i = 0; i < line_count; i++) {
     const transfer_line_t* l = line_of(i, cls);
