@@ -71,7 +71,7 @@ class Allocator:
         """Keel, whatever the name: keel, a variant (keel+mesh) or a label for a libkeel."""
         if self.name == "keel" or self.name.startswith("keel+"):
             return True
-        return bool(self.path) and os.path.basename(self.path).startswith("libkeel")
+        return bool(self.path) and os.path.basename(self.path or "").startswith("libkeel")
 
     def env(self, base: Optional[dict] = None) -> dict:
         """Environment for a child process that runs under this allocator: LD_PRELOAD
@@ -118,11 +118,11 @@ def parse(spec: str, build_dir: Path = Path("build")) -> Allocator:
                 f"({e}); a variable after + must be in capitals: +VAR=VALUE") from None
         raise
     env: dict[str, str] = {}
-    for e in extras:
-        if e in SHORTHANDS:
-            env.update(SHORTHANDS[e])
+    for x in extras:
+        if x in SHORTHANDS:
+            env.update(SHORTHANDS[x])
         else:
-            var, value = e.split("=", 1)
+            var, value = x.split("=", 1)
             env[var] = value
     if not extras:
         return Allocator(label or a.name, a.path)

@@ -27,7 +27,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TextIO
 
 from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
@@ -155,27 +155,28 @@ def git_info(where: Path = SOURCE_DIR) -> Optional[dict]:
 
 class MachineLock:
     def __init__(self, console: Console, path: Path = LOCK_PATH):
-        self.console, self.path, self.f = console, path, None
+        self.console, self.path = console, path
+        self.f: Optional[TextIO] = None
 
     def __enter__(self):
         try:
-            self.f = open(self.path, "a+")
+            f = self.f = open(self.path, "a+")
         except OSError as e:
             self.console.print(f"[yellow]warning: cannot open {self.path} ({e}); not checking "
                                "for other benchmarks[/]")
             return self
         try:
-            fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            self.f.seek(0)
-            holder = self.f.read().strip()
+            f.seek(0)
+            holder = f.read().strip()
             self.console.print(f"another benchmark is running ({holder or self.path}); "
                                "waiting for it to finish (Ctrl-C to give up)...")
-            fcntl.flock(self.f, fcntl.LOCK_EX)
-        self.f.seek(0)
-        self.f.truncate()
-        self.f.write(f"keel bench, pid {os.getpid()} since {dt.datetime.now():%H:%M:%S}")
-        self.f.flush()
+            fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        f.truncate()
+        f.write(f"keel bench, pid {os.getpid()} since {dt.datetime.now():%H:%M:%S}")
+        f.flush()
         return self
 
     def __exit__(self, *exc):
@@ -214,6 +215,27 @@ def write_json_atomic(doc: dict, out: Path) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def check_writable(out: Path) -> None:
+    """BenchError unless the results file can be written (its directory created if
+    needed, a file made in it), so that a typo in --out fails at once, not after the
+    first run."""
+    if out.is_dir():
+        raise BenchError(f"--out {out} is a directory: give a file name, e.g. "
+                         f"{out / 'results.json'}")
+    blocked = next((d for d in (out.parent, *out.parent.parents) if d.exists() and not d.is_dir()),
+                   None)
+    if blocked is not None:
+        raise BenchError(f"cannot write the results file {out}: {blocked} is not a directory")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename and str(e.filename) != str(out.parent) else ""
+        raise BenchError(f"cannot write the results file {out}: {e.strerror or e}{where}") from None
 
 
 def _umask() -> int:
@@ -262,10 +284,20 @@ def run_bench(suite_names: list[str], allocs: list[Allocator], rounds: int = 3,
     if stray:
         raise BenchError(f"--set names suite(s) {', '.join(stray)}, which this bench does not "
                          f"run ({', '.join(suite_names)})")
+    for s in suite_names:      # a bad --set value: one line now, not a failed suite later
+        cls = suite_registry.REGISTRY.get(s)
+        if cls is not None:
+            try:
+                cls().check_options(SuiteContext(allocator=allocs[0], quick=quick, workdir=Path("."),
+                                                 options=dict(options.get(s, {})),
+                                                 build_dir=build_dir))
+            except SuiteError as e:
+                raise BenchError(str(e)) from None
     out = Path(out) if out else default_out(suite_names)
+    check_writable(out)
 
     started = dt.datetime.now().astimezone()
-    meta = {
+    meta: dict[str, Any] = {
         "started": started.isoformat(timespec="seconds"), "finished": None, "elapsed_s": None,
         "complete": False, "interrupted": False,
         "command": command, "lab_version": __version__,
@@ -290,7 +322,10 @@ def run_bench(suite_names: list[str], allocs: list[Allocator], rounds: int = 3,
             meta["finished"] = dt.datetime.now().astimezone().isoformat(timespec="seconds")
             meta["machine"]["load_end"] = list(os.getloadavg())
         doc["summary"] = summary_json(doc)
-        write_json_atomic(doc, out)
+        try:
+            write_json_atomic(doc, out)
+        except OSError as e:
+            raise BenchError(f"cannot write the results file {out}: {e.strerror or e}") from None
 
     total = len(suite_names) * rounds * len(allocs)
     old_term = signal.getsignal(signal.SIGTERM)

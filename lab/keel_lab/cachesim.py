@@ -5,15 +5,17 @@ Only what the lab needs from the format (valgrind's docs, "Callgrind Format
 Specification"): "events:" names the columns; "ob=", "fl=", "fi=", "fe=", "fn=" set the
 object, file and function that the following cost lines belong to, each either
 "(id) name" the first time or "(id)" after; a cost line is its positions ("positions:"
-names them, by default one: the line) followed by the events' counts, and the one right after a "calls=" line is the inclusive cost of that
-call, which is the callee's and not the caller's own, so it is skipped; "cob=", "cfi=",
-"cfl=", "cfn=" name a call's target and define ids too."""
+names them, by default one: the line) followed by the events' counts, and the one right
+after a "calls=" line is the inclusive cost of that call, which is the callee's and not
+the caller's own, so it is skipped; "cob=", "cfi=", "cfl=", "cfn=" name a call's target
+and define ids too."""
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 _NAMED = re.compile(r"^\((\d+)\)(?: (.*))?$")
 # the position names callgrind may put in front of the counts (compressed: +N, -N, *)
@@ -54,7 +56,7 @@ def parse(path: str | Path, part: Optional[Callable[[str, str], bool]] = None) -
     try:
         text = Path(path).read_text(errors="replace")
     except OSError as e:
-        raise CallgrindError(f"cannot read callgrind output {path}: {e}")
+        raise CallgrindError(f"cannot read callgrind output {path}: {e}") from None
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
@@ -103,8 +105,8 @@ def parse(path: str | Path, part: Optional[Callable[[str, str], bool]] = None) -
     if totals is None:      # older files: the sum of the cost lines is the total
         totals = summed
     return {"events": events,
-            "totals": dict(zip(events, totals + [0] * (len(events) - len(totals)))),
-            "part": dict(zip(events, part_sum))}
+            "totals": dict(zip(events, totals + [0] * (len(events) - len(totals)), strict=False)),
+            "part": dict(zip(events, part_sum, strict=True))}
 
 
 def allocator_part(preload: Optional[str]) -> Callable[[str, str], bool]:

@@ -45,6 +45,16 @@ def err(msg: str) -> None:
     print(f"keel: error: {msg}", file=sys.stderr)
 
 
+# What reading a results file whose inner structure summary.validate() did not foresee
+# raises: reported as one line naming the file rather than as a traceback.
+STRUCTURE_ERRORS = (TypeError, ValueError, AttributeError, KeyError, IndexError)
+
+
+def _structure_error(path, e: Exception) -> str:
+    return (f"{path}: unexpected structure in the results file ({type(e).__name__}: {e}); "
+            f"was it written by keel bench?")
+
+
 # ---------------------------------------------------------------------------------
 # allocators
 
@@ -178,11 +188,18 @@ def cmd_bench(args) -> int:
     con = _console()
     print_summary(doc, con, details=args.details)
     con.print(f"results: {out}")
+    status = run_status(doc)
     if args.report:
         from .report import write_report
-        html_path = write_report(out, Path(out).with_suffix(".html"))
-        con.print(f"report: {html_path}")
-    status = run_status(doc)
+        from .summary import ResultsError
+        html = Path(out).with_suffix(".html")
+        try:
+            con.print(f"report: {write_report(out, html)}")
+        except (ResultsError, OSError, *STRUCTURE_ERRORS) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else e
+            err(f"cannot write the report {html}: {why} (the results are in {out}; "
+                f"retry with: keel report {out})")
+            status = status or EXIT_FAIL
     if status == 130:
         con.print("[yellow]interrupted: the results file holds the runs that finished "
                   "(marked incomplete)[/]")
@@ -200,6 +217,9 @@ def cmd_report(args) -> int:
     except OSError as e:
         err(f"cannot write the report: {e}")
         return EXIT_FAIL
+    except STRUCTURE_ERRORS as e:
+        err(_structure_error(args.results, e))
+        return EXIT_FAIL
     print(f"report: {out}")
     return EXIT_OK
 
@@ -209,13 +229,14 @@ def cmd_recommend(args) -> int:
     from .summary import ResultsError, load
     try:
         doc = load(args.results)
+        text = json.dumps(recommend(doc), indent=1) if args.json else render_text(doc)
     except ResultsError as e:
         err(str(e))
         return EXIT_FAIL
-    if args.json:
-        print(json.dumps(recommend(doc), indent=1))
-    else:
-        print(render_text(doc))
+    except STRUCTURE_ERRORS as e:
+        err(_structure_error(args.results, e))
+        return EXIT_FAIL
+    print(text)
     return EXIT_OK
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import glob
 import os
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -96,7 +97,7 @@ def _header(alloc_name: str, path: Optional[str], problems: list[str]) -> list[s
     out = []
     if path:
         out.append(f"# allocator: {alloc_name} = {path}")
-    if problems:
+    if problems and path:
         out.append("# WARNING:")
         out += [f"#   {p}" for p in problems]
         out.append("#   Install the library somewhere system-wide first, e.g.:")
@@ -148,7 +149,7 @@ def _dropin_lines(path: str, mesh: Optional[ServiceTraits]) -> tuple[list[str], 
     return lines, why
 
 
-def _systemd(unit: str, path: Optional[str], extra_note: list[str] = (),
+def _systemd(unit: str, path: Optional[str], extra_note: Sequence[str] = (),
              mesh: Optional[ServiceTraits] = None) -> list[str]:
     dropin_dir = f"/etc/systemd/system/{unit}.d"
     dropin = f"{dropin_dir}/{DROPIN_NAME}"

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import mmap
 import struct
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Optional
 
 ELF_MAGIC = b"\x7fELF"
 PT_LOAD, PT_DYNAMIC, PT_INTERP = 1, 2, 3
@@ -33,8 +34,8 @@ class Elf:
         with open(self.path, "rb") as f:
             try:
                 self._data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            except ValueError as e:  # empty file
-                raise ElfError(f"{self.path}: not an ELF file ({e})") from None
+            except ValueError as err:  # empty file
+                raise ElfError(f"{self.path}: not an ELF file ({err})") from None
         d = self._data
         if len(d) < 52 or d[:4] != ELF_MAGIC:
             raise ElfError(f"{self.path}: not an ELF file")
@@ -97,7 +98,7 @@ class Elf:
     def _dynamic(self) -> dict:
         if self._dyn is not None:
             return self._dyn
-        res = {"needed": [], "soname": None}
+        res: dict = {"needed": [], "soname": None}
         d, e = self._data, self.end
         dyn = [(off, sz) for t, off, _va, sz in self._phdrs() if t == PT_DYNAMIC]
         if dyn:
@@ -135,10 +136,17 @@ class Elf:
     def is_dynamic(self) -> bool:
         return any(t == PT_DYNAMIC for t, *_ in self._phdrs())
 
+    @property
+    def is_static(self) -> bool:
+        """For an executable: no program interpreter (PT_INTERP), so no dynamic loader
+        runs and nothing is loaded at start: static, or static-pie (which still has a
+        PT_DYNAMIC for its own relocations, so is_dynamic does not tell)."""
+        return self.interp is None
+
     # -- sections and symbols ---------------------------------------------------------
     def _sections(self) -> list[tuple[int, int, int, int, int]]:
         """[(type, offset, size, link, entsize)]"""
-        out = []
+        out: list[tuple[int, int, int, int, int]] = []
         d, e = self._data, self.end
         if not self.shoff or not self.shnum:
             return out

@@ -10,11 +10,11 @@ and makes the process return its free memory to the OS.
 from __future__ import annotations
 
 import mmap
-import os
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 MAGIC = 0x5441545354454B4B
 HEADER = struct.Struct("<QIIQQQQQQQQQQ256sII")  # magic .. pad: 360 bytes
@@ -95,7 +95,7 @@ class Snapshot:
     classes: list[ClassStats]
     updated_ms: int
     purged_on_request: int
-    locks: dict = None  # name -> {"acquired", "contended", "sleeps"} (layout 3)
+    locks: dict = field(default_factory=dict)  # name -> {"acquired", "contended", "sleeps"} (layout 3)
     # Meshing's own counters (keel_mesh_stats_t, layout 5; None before): "state" and
     # "barrier" (numbers, MESH_STATES / MESH_BARRIERS name them), then MESH_STATS_FIELDS.
     mesh_stats: dict | None = None
@@ -111,7 +111,7 @@ class Snapshot:
 def parse_mesh_stats(buf, offset: int = OFFSETS_6.mesh_stats) -> dict:
     """keel_mesh_stats_t (include/keel.h) at `offset` of a buffer, as a dict."""
     state, barrier, *rest = MESH_STATS.unpack_from(buf, offset)
-    return {"state": state, "barrier": barrier, **dict(zip(MESH_STATS_FIELDS, rest))}
+    return {"state": state, "barrier": barrier, **dict(zip(MESH_STATS_FIELDS, rest, strict=True))}
 
 
 def shm_path(pid: int) -> Path:
@@ -123,7 +123,11 @@ def _check_process(pid: int) -> None:
         raise LiveError(f"no process with PID {pid}")
 
 
-def _open(pid: int) -> tuple[mmap.mmap, object]:
+def _exited(pid: int) -> LiveError:
+    return LiveError(f"process {pid} exited while its statistics were being read")
+
+
+def _open(pid: int) -> tuple[mmap.mmap, BinaryIO]:
     _check_process(pid)
     path = shm_path(pid)
     if not path.exists():
@@ -133,6 +137,8 @@ def _open(pid: int) -> tuple[mmap.mmap, object]:
         except PermissionError:
             raise LiveError(f"cannot read /proc/{pid}/maps: permission denied (run as the "
                             f"process's user or root)") from None
+        except (FileNotFoundError, ProcessLookupError):
+            raise _exited(pid) from None
         if not uses_keel:
             raise LiveError(f"process {pid} is not running Keel (libkeel is not mapped)")
         raise LiveError(f"process {pid} runs Keel but publishes no statistics yet "
@@ -143,7 +149,17 @@ def _open(pid: int) -> tuple[mmap.mmap, object]:
         f = open(path, "r+b")
     except PermissionError:
         raise LiveError(f"{path} belongs to another user: run as the process's user or root") from None
-    m = mmap.mmap(f.fileno(), 0)
+    except FileNotFoundError:       # the process exited and removed it
+        raise _exited(pid) from None
+    try:
+        m = mmap.mmap(f.fileno(), 0)
+    except ValueError:              # empty: being created, or cut short
+        f.close()
+        raise LiveError(f"{path} is empty: not a Keel statistics file (yet)") from None
+    if len(m) < HEADER.size + STATS.size:
+        m.close()
+        f.close()
+        raise LiveError(f"{path} is too short for a Keel statistics file")
     magic, version, *_ = HEADER.unpack_from(m, 0)
     if magic != MAGIC or version not in LAYOUTS_READ:
         m.close()
@@ -157,14 +173,17 @@ def _open(pid: int) -> tuple[mmap.mmap, object]:
     return m, f
 
 
-def _bump_and_wait(m: mmap.mmap, req_off: int, ans_off: int, timeout: float) -> None:
+def _bump_and_wait(m: mmap.mmap, req_off: int, ans_off: int, timeout: float,
+                   pid: int | None = None) -> None:
     req = struct.unpack_from("<Q", m, req_off)[0] + 1
     struct.pack_into("<Q", m, req_off, req)
     deadline = time.monotonic() + timeout
     while struct.unpack_from("<Q", m, ans_off)[0] < req:
+        if pid is not None and not Path(f"/proc/{pid}").exists():
+            raise _exited(pid)
         if time.monotonic() > deadline:
-            raise LiveError("the process did not answer within %.1f s (is it stopped, or is "
-                            "its purger thread disabled?)" % timeout)
+            raise LiveError(f"the process did not answer within {timeout:.1f} s (is it stopped, "
+                            "or is its purger thread disabled?)")
         time.sleep(0.02)
 
 
@@ -186,7 +205,8 @@ def _read_consistent(m, pid: int) -> Snapshot:
             nlocks = struct.unpack_from("<I", m, off.nlocks)[0]
             for i in range(min(nlocks, len(LOCK_NAMES))):
                 locks[LOCK_NAMES[i]] = dict(zip(("acquired", "contended", "sleeps"),
-                                                LOCK.unpack_from(m, off.nlocks + 8 + i * LOCK.size)))
+                                                LOCK.unpack_from(m, off.nlocks + 8 + i * LOCK.size),
+                                                strict=True))
         mesh_stats = (parse_mesh_stats(m, off.mesh_stats)
                       if header[1] >= 5 and len(m) >= off.mesh_stats + MESH_STATS.size else None)
         borrowed = (struct.unpack_from("<Q", m, off.borrowed)[0]
@@ -194,7 +214,7 @@ def _read_consistent(m, pid: int) -> Snapshot:
         carved = (struct.unpack_from("<Q", m, off.carved)[0]
                   if header[1] >= 8 and len(m) >= off.carved + 8 else None)
         if struct.unpack_from("<Q", m, OFF_SEQ)[0] == seq1:
-            return Snapshot(pid, dict(zip(STATS_FIELDS, st[2:])), classes, updated_ms, purged, locks,
+            return Snapshot(pid, dict(zip(STATS_FIELDS, st[2:], strict=True)), classes, updated_ms, purged, locks,
                             mesh_stats, header[1], borrowed, carved)
     raise LiveError("could not read a consistent snapshot")
 
@@ -203,7 +223,7 @@ def _request(pid: int, req_off: int, ans_off: int, timeout: float) -> Snapshot:
     """Bumps one request counter, waits for the process's answer, reads the figures."""
     m, f = _open(pid)
     try:
-        _bump_and_wait(m, req_off, ans_off, timeout)
+        _bump_and_wait(m, req_off, ans_off, timeout, pid)
         return _read_consistent(m, pid)
     finally:
         m.close()
@@ -224,7 +244,7 @@ def profile(pid: int, timeout: float = 30.0) -> str:
     """Asks the process to write a heap profile now; returns the file's path."""
     m, f = _open(pid)
     try:
-        _bump_and_wait(m, OFF_PROFILE_REQ, OFF_PROFILE_ANS, timeout)
+        _bump_and_wait(m, OFF_PROFILE_REQ, OFF_PROFILE_ANS, timeout, pid)
         raw = bytes(m[OFF_PROFILE_PATH:OFF_PROFILE_PATH + 256])
     finally:
         m.close()
@@ -245,14 +265,15 @@ def mesh_estimate(pid: int, timeout: float = 30.0) -> list[dict]:
         if version < 4:
             raise LiveError(f"process {pid} runs a Keel without the meshing estimate (layout < 4)")
         off = offsets(version)
-        _bump_and_wait(m, off.mesh_req, off.mesh_req + 8, timeout)
+        _bump_and_wait(m, off.mesh_req, off.mesh_req + 8, timeout, pid)
         for _ in range(100):
             seq1 = struct.unpack_from("<Q", m, OFF_SEQ)[0]
             if seq1 % 2:
                 time.sleep(0.001)
                 continue
             n = struct.unpack_from("<I", m, off.mesh_req + 16)[0]
-            rows = [dict(zip(MESH_FIELDS, MESH_ROW.unpack_from(m, off.mesh_req + 24 + i * MESH_ROW.size)))
+            rows = [dict(zip(MESH_FIELDS, MESH_ROW.unpack_from(m, off.mesh_req + 24 + i * MESH_ROW.size),
+                             strict=True))
                     for i in range(min(n, off.mesh_rows))]
             if struct.unpack_from("<Q", m, OFF_SEQ)[0] == seq1:
                 return rows
@@ -274,7 +295,12 @@ def mesh_totals(rows: list[dict], page_size: int) -> dict:
 
 
 def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+    """VmRSS of the process; LiveError if it has exited (0 for a zombie)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        raise _exited(pid) from None
+    for line in text.splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0

@@ -158,7 +158,7 @@ def cmd_stats(args) -> int:
     con = Console(highlight=False, width=120)
     con.print(_summary_table(snap, rss, None, 0))
     con.print(_classes_table(snap, args.classes))
-    if mesh_stats_doc(snap.mesh_stats) is not None:
+    if snap.mesh_stats is not None and mesh_stats_doc(snap.mesh_stats) is not None:
         con.print(_mesh_stats_table(snap.mesh_stats, page))
     if mesh is not None:
         con.print(_mesh_table(mesh, page, rss))

@@ -26,7 +26,8 @@ import os
 import statistics
 import threading
 import time
-from typing import Iterable, Optional, Sequence
+from typing import Optional
+from collections.abc import Iterable, Sequence
 
 import psutil
 
@@ -236,18 +237,18 @@ class RssSampler:
                 break
             self._stop.wait(self.interval)
 
-    def start(self) -> "RssSampler":
+    def start(self) -> RssSampler:
         self._thread = threading.Thread(target=self._loop, name=f"rss-{self.pid}", daemon=True)
         self._thread.start()
         return self
 
-    def stop(self) -> "RssSampler":
+    def stop(self) -> RssSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         return self
 
-    def __enter__(self) -> "RssSampler":
+    def __enter__(self) -> RssSampler:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -256,12 +257,13 @@ class RssSampler:
     @property
     def peak_kib(self) -> Optional[int]:
         with self._lock:
-            return max((k for _, k in self.series), default=None)
+            peak = max((k for _, k in self.series), default=None)
+            return None if peak is None else int(peak)
 
     @property
     def final_kib(self) -> Optional[int]:
         with self._lock:
-            return self.series[-1][1] if self.series else None
+            return int(self.series[-1][1]) if self.series else None
 
     def result(self) -> dict:
         """{"rss_peak_kib", "rss_final_kib"} metrics and the series, for a suite result."""

@@ -50,6 +50,8 @@ class LineReader:
     """Reads lines from a child's stdout pipe with a timeout."""
 
     def __init__(self, p: subprocess.Popen):
+        if p.stdout is None:
+            raise ValueError("LineReader needs a child started with stdout=subprocess.PIPE")
         self.p = p
         self.fd = p.stdout.fileno()
         self.buf = b""

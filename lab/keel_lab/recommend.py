@@ -2,7 +2,7 @@
 margin is larger than the noise of the runs."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from .summary import SuiteSummary, direction, fmt_value, summarize
 
@@ -23,7 +23,7 @@ def _verdict(ss: SuiteSummary, metric: str) -> Optional[dict]:
     win = ranked[0]
     w = per[win]
     ranking = [(a, per[a].ratio) for a in ranked]
-    out = {"metric": metric, "better": d, "winner": win, "winner_median": w.median,
+    out: dict[str, Any] = {"metric": metric, "better": d, "winner": win, "winner_median": w.median,
            "ranking": [{"allocator": a, "ratio_to_best": r} for a, r in ranking],
            "runner_up": None, "margin": None, "noise": w.spread, "verdict": "only one allocator",
            "n": len(w.values)}
@@ -82,7 +82,8 @@ def overall(recs: list[dict]) -> list[str]:
     """One line per kind: who wins how many suites (clear or single-run margins)."""
     lines = []
     for kind, label in KINDS:
-        wins, total, unclear = {}, 0, 0
+        wins: dict[str, int] = {}
+        total, unclear = 0, 0
         for r in recs:
             v = r["verdicts"].get(kind)
             if not v or v.get("runner_up") is None:

@@ -116,7 +116,7 @@ def chart_points(doc: dict, suite: str, order: list[str]) -> list[str]:
             hi = [max(per[a][x]) for x in xs]
             c = _color(a, order)
             ax.plot(xs, med, marker="o", ms=3, label=a, color=c)
-            if any(h != l_ for h, l_ in zip(hi, lo)):
+            if any(h != l_ for h, l_ in zip(hi, lo, strict=True)):
                 ax.fill_between(xs, lo, hi, color=c, alpha=0.15, linewidth=0)
         if xs_all and xs_all[0] > 0 and xs_all[-1] / xs_all[0] >= 16:
             ax.set_xscale("log", base=2)
@@ -146,7 +146,8 @@ def chart_series(doc: dict, suite: str, order: list[str]) -> list[str]:
         labelled = set()
         for r in sorted(runs, key=lambda r: order.index(r["allocator"]) if r["allocator"] in order else 99):
             pts = [p for p in (r["result"].get("series") or {}).get(key, [])
-                   if isinstance(p, (list, tuple)) and len(p) == 2]
+                   if isinstance(p, (list, tuple)) and len(p) == 2
+                   and _num(p[0]) is not None and _num(p[1]) is not None]
             if not pts:
                 continue
             a = r["allocator"]
@@ -170,8 +171,10 @@ def _grouped_bars(ax, groups: list[str], allocs: list[str], med, lo, hi, order) 
         xs = [g + (i - (n - 1) / 2) * w for g in range(len(groups))]
         m = [med(a, g) for g in groups]
         vals = [v if v is not None else 0 for v in m]
-        err_lo = [max(0, (v or 0) - (lo(a, g) or 0)) if v is not None else 0 for v, g in zip(m, groups)]
-        err_hi = [max(0, (hi(a, g) or 0) - (v or 0)) if v is not None else 0 for v, g in zip(m, groups)]
+        err_lo = [max(0, (v or 0) - (lo(a, g) or 0)) if v is not None else 0
+                  for v, g in zip(m, groups, strict=True)]
+        err_hi = [max(0, (hi(a, g) or 0) - (v or 0)) if v is not None else 0
+                  for v, g in zip(m, groups, strict=True)]
         ax.bar(xs, vals, w, label=a, color=_color(a, order),
                yerr=[err_lo, err_hi] if any(err_lo) or any(err_hi) else None,
                capsize=2, error_kw={"elinewidth": 0.8})
@@ -185,12 +188,14 @@ def chart_latency(ss: SuiteSummary, suite: str, order: list[str]) -> list[str]:
     if not keys:
         return []
     allocs = [a for a in ss.allocators if any(a in ss.metrics[k] for k in keys)]
-    st = lambda a, k: ss.metrics[k].get(a)  # noqa: E731
+    def stat(attr: str):
+        def get(a: str, k: str) -> Optional[float]:
+            st = ss.metrics[k].get(a)
+            return getattr(st, attr) if st is not None else None
+        return get
+
     fig, ax = plt.subplots(figsize=(5.3, 3.3))
-    _grouped_bars(ax, keys, allocs,
-                  lambda a, k: st(a, k).median if st(a, k) else None,
-                  lambda a, k: st(a, k).min if st(a, k) else None,
-                  lambda a, k: st(a, k).max if st(a, k) else None, order)
+    _grouped_bars(ax, keys, allocs, stat("median"), stat("min"), stat("max"), order)
     ax.set_ylabel("milliseconds (lower is better)")
     title = f"{suite}: latency percentiles (median of rounds, bars = min-max)"
     ax.set_title(title, fontsize=9)
@@ -217,7 +222,7 @@ def chart_phases(doc: dict, suite: str, order: list[str]) -> list[str]:
         mib = key.endswith("_kib")
         conv = (lambda v: v / 1024) if mib else (lambda v: v)  # noqa: E731
 
-        def agg(fn, a, g):
+        def agg(fn, a, g, per=per, conv=conv):     # this key's values (bound now)
             vals = per.get(a, {}).get(g)
             return conv(fn(vals)) if vals else None
 
@@ -237,7 +242,7 @@ def chart_headline(ss: SuiteSummary, suite: str, order: list[str]) -> list[str]:
     if not ms:
         return []
     fig, axes = plt.subplots(1, len(ms), figsize=(3.2 * len(ms) + 0.6, 3.0), squeeze=False)
-    for ax, m in zip(axes[0], ms):
+    for ax, m in zip(axes[0], ms, strict=True):
         per = ss.metrics[m]
         allocs = [a for a in ss.allocators if a in per]
         meds = [per[a].median for a in allocs]
@@ -267,8 +272,9 @@ def chart_detail(ss: SuiteSummary, suite: str, order: list[str], has_points: boo
         allocs = [a for a in ss.allocators if any(a in ss.metrics[f"{i}.{suffix}"] for i in items)]
 
         lower = direction(suffix) == "lower"
+        lo_attr, hi_attr = ("min", "max") if lower else ("max", "min")
 
-        def ratio(a, i, attr="median"):
+        def ratio(a, i, attr="median", suffix=suffix, lower=lower):   # this suffix's (bound now)
             m = f"{i}.{suffix}"
             st = ss.metrics[m].get(a)
             best = ss.metrics[m].get(ss.best.get(m, ""))
@@ -280,9 +286,8 @@ def chart_detail(ss: SuiteSummary, suite: str, order: list[str], has_points: boo
             return b / v if v > 0 else None
 
         fig, ax = plt.subplots(figsize=(5.3, 3.3))
-        _grouped_bars(ax, items, allocs, lambda a, i: ratio(a, i),
-                      lambda a, i: ratio(a, i, "min" if lower else "max"),
-                      lambda a, i: ratio(a, i, "max" if lower else "min"), order)
+        _grouped_bars(ax, items, allocs, ratio, lambda a, i, at=lo_attr: ratio(a, i, at),
+                      lambda a, i, at=hi_attr: ratio(a, i, at), order)
         ax.axhline(1.0, color="#333", linewidth=0.8)
         ax.set_ylabel(f"{suffix}: x the best (1 = best)")
         title = f"{suite}: {suffix} per item relative to the best allocator (lower bar is better)"
@@ -362,11 +367,11 @@ def _meta_html(doc: dict) -> str:
         ("allocators", ", ".join(m.get("allocators") or [])),
         ("machine", f"{mach.get('hostname', '?')}: {mach.get('cpu_model', '?')}, "
                     f"{mach.get('nproc', '?')} CPUs, "
-                    f"{(mach.get('memory_kib') or 0) / 1048576:.1f} GiB RAM"),
+                    f"{(_num(mach.get('memory_kib')) or 0) / 1048576:.1f} GiB RAM"),
         ("OS / kernel", f"{mach.get('os') or '?'} / Linux {mach.get('kernel', '?')}"),
         ("transparent huge pages", mach.get("thp")),
         ("load average", f"{_load(mach.get('load'))} at start, {_load(mach.get('load_end'))} at end"),
-        ("Keel revision", (git.get("describe") or git.get("revision") or "unknown")
+        ("Keel revision", str(git.get("describe") or git.get("revision") or "unknown")
          + (" (uncommitted changes)" if git.get("dirty") else "")),
         ("suite options", m.get("options") or None),
         ("lab version", m.get("lab_version")),
@@ -385,7 +390,7 @@ def _meta_html(doc: dict) -> str:
 
 
 def _load(v) -> str:
-    return f"{v[0]:.2f}" if isinstance(v, list) and v else "?"
+    return f"{v[0]:.2f}" if isinstance(v, list) and v and _num(v[0]) is not None else "?"
 
 
 def _recommend_html(doc: dict) -> str:

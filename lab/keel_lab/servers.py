@@ -37,7 +37,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Self, Sequence
+from typing import IO, Optional, Self
+from collections.abc import Callable, Iterable, Sequence
 
 from .allocators import Allocator
 from .measure import proc_kib
@@ -188,10 +189,10 @@ def log_tail(path: Optional[Path], n: int = LOG_TAIL_LINES) -> str:
         data = Path(path).read_bytes()[-65536:].decode("utf-8", "replace").replace("\r", "\n")
     except OSError:
         return f"(no log at {path})"
-    lines = [l for l in data.splitlines() if l.strip()][-n:]
+    lines = [line for line in data.splitlines() if line.strip()][-n:]
     if not lines:
         return f"({path} is empty)"
-    return f"last {len(lines)} lines of {path}:\n" + "\n".join("  " + l for l in lines)
+    return f"last {len(lines)} lines of {path}:\n" + "\n".join("  " + line for line in lines)
 
 
 def describe_status(rc: Optional[int]) -> str:
@@ -278,14 +279,14 @@ class RssSampler:
         while not self._stop.wait(self.interval):
             self._sample()
 
-    def start(self) -> "RssSampler":
+    def start(self) -> RssSampler:
         self.t0 = time.monotonic()
         self._sample()
         self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
         self._thread.start()
         return self
 
-    def stop(self) -> "RssSampler":
+    def stop(self) -> RssSampler:
         if self._thread is not None:
             self._stop.set()
             self._thread.join(5)
@@ -295,13 +296,14 @@ class RssSampler:
 
     @property
     def peak(self) -> Optional[int]:
-        return max((s[1] for s in self.samples), default=None)
+        peak = max((s[1] for s in self.samples), default=None)
+        return None if peak is None else int(peak)
 
     @property
     def last(self) -> Optional[int]:
-        return self.samples[-1][1] if self.samples else None
+        return int(self.samples[-1][1]) if self.samples else None
 
-    def __enter__(self) -> "RssSampler":
+    def __enter__(self) -> RssSampler:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -311,11 +313,11 @@ class RssSampler:
 # --------------------------------------------------------------------------------------
 # servers
 
-_live: dict[int, "Server"] = {}
+_live: dict[int, Server] = {}
 _live_lock = threading.Lock()
 
 
-def live_servers() -> list["Server"]:
+def live_servers() -> list[Server]:
     """Servers started and not yet stopped (by any suite in this process)."""
     with _live_lock:
         return list(_live.values())
@@ -369,7 +371,23 @@ class Server:
         self.preload: Optional[str] = None        # what LD_PRELOAD holds
         self.notes: list[str] = []
         self._stopped = False
-        self._log_fh = None
+        self._log_fh: Optional[IO[bytes]] = None
+
+    # start() makes the directory and starts the process: what the subclasses' _prepare,
+    # _argv and _ready and the suites use once it has, with a clear error before.
+    @property
+    def run_dir(self) -> Path:
+        """The directory of this run (made by start())."""
+        if self.dir is None:
+            raise RuntimeError(f"{self.name} has no directory: start() it first")
+        return self.dir
+
+    @property
+    def run_pid(self) -> int:
+        """The server's process ID (once start() has started it)."""
+        if self.pid is None:
+            raise RuntimeError(f"{self.name} has no process: start() it first")
+        return self.pid
 
     # -- to override ---------------------------------------------------------------
     def _prepare(self) -> None:
@@ -423,13 +441,13 @@ class Server:
         if self.preexec is not None:
             self.preexec()
 
-    def start(self) -> "Server":
+    def start(self) -> Server:
         if self.popen is not None:
             raise RuntimeError(f"{self.name} already started")
         binary = self.binary_path()
         self.port = free_port(self.requested_port)
         self.dir = self._make_dir()
-        self.log_path = self.dir / f"{self.name}.log"
+        self.log_path = self.run_dir / f"{self.name}.log"
         try:
             self.preload = self._choose_preload(binary)
             self._prepare()
@@ -475,10 +493,10 @@ class Server:
         try:
             maps = Path(f"/proc/{self.pid}/maps").read_text()
         except OSError as e:
-            raise SuiteError(f"cannot read /proc/{self.pid}/maps of {self.name}: {e}")
+            raise SuiteError(f"cannot read /proc/{self.pid}/maps of {self.name}: {e}") from None
         if lib not in maps:
-            libs = sorted({l.split()[-1] for l in maps.splitlines()
-                           if ".so" in l.split()[-1]})
+            libs = sorted({line.split()[-1] for line in maps.splitlines()
+                           if ".so" in line.split()[-1]})
             raise SuiteError(
                 f"the allocator did not load: /proc/{self.pid}/maps of {self.name} does not "
                 f"contain {lib} (LD_PRELOAD={self.preload}). Mapped libraries: "
@@ -522,7 +540,7 @@ class Server:
         timeout = self.stop_timeout if timeout is None else timeout
         try:
             if self.popen is not None:
-                kids = children(self.pid)
+                kids = children(self.popen.pid)
                 if self.popen.poll() is None:
                     try:
                         self.popen.send_signal(self.stop_signal)
@@ -531,7 +549,7 @@ class Server:
                     try:
                         self.popen.wait(timeout)
                     except subprocess.TimeoutExpired:
-                        kids += [k for k in children(self.pid) if k not in kids]
+                        kids += [k for k in children(self.popen.pid) if k not in kids]
                         try:
                             self.popen.kill()
                         except ProcessLookupError:
@@ -554,7 +572,7 @@ class Server:
     def _cleanup(self) -> None:
         """Subclass hook, after the process is gone and before the dir is removed."""
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         if self.popen is None:
             self.start()
         return self
@@ -695,7 +713,7 @@ class RedisServer(Server):
     package = "redis-server"
 
     def _argv(self) -> list[str]:
-        data = self.dir / "data"
+        data = self.run_dir / "data"
         data.mkdir(exist_ok=True)
         return [self.binary_path(), "--bind", "127.0.0.1", "--port", str(self.port),
                 "--protected-mode", "yes", "--save", "", "--appendonly", "no",
@@ -734,7 +752,7 @@ class MariaDBServer(Server):
 
     @property
     def socket_path(self) -> str:
-        return str(self.dir / "mariadb.sock")
+        return str(self.run_dir / "mariadb.sock")
 
     def _user_opt(self) -> list[str]:
         return ["--user=root"] if os.geteuid() == 0 else []
@@ -742,8 +760,8 @@ class MariaDBServer(Server):
     def _prepare(self) -> None:
         install = which("mariadb-install-db", "mariadb-server")
         which("mariadb", "mariadb-client")
-        data = self.dir / "data"
-        log = self.dir / "install-db.log"
+        data = self.run_dir / "data"
+        log = self.run_dir / "install-db.log"
         with open(log, "wb") as fh:
             try:
                 r = subprocess.run(
@@ -753,13 +771,13 @@ class MariaDBServer(Server):
                     stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, timeout=180,
                     cwd=str(self.dir), preexec_fn=_pdeathsig)
             except subprocess.TimeoutExpired:
-                raise SuiteError(f"mariadb-install-db timed out after 180s\n{log_tail(log)}")
+                raise SuiteError(f"mariadb-install-db timed out after 180s\n{log_tail(log)}") from None
         if r.returncode != 0:
             raise SuiteError(f"mariadb-install-db failed ({describe_status(r.returncode)})\n"
                              f"{log_tail(log)}")
 
     def _argv(self) -> list[str]:
-        d = self.dir
+        d = self.run_dir
         return [self.binary_path(), "--no-defaults", *self._user_opt(),
                 f"--datadir={d / 'data'}", f"--tmpdir={d}", f"--socket={self.socket_path}",
                 f"--port={self.port}", "--bind-address=127.0.0.1", f"--pid-file={d / 'mariadbd.pid'}",
@@ -833,12 +851,12 @@ class PostgresServer(Server):
                 pw = pwd.getpwnam(self.run_as)
             except KeyError:
                 raise SuiteError("running as root, but there is no 'postgres' user to run the "
-                                 "server as (sudo apt-get install postgresql creates it)")
+                                 "server as (sudo apt-get install postgresql creates it)") from None
             kw = dict(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
-            for p in (self.dir, *self.dir.rglob("*")):
+            for p in (self.run_dir, *self.run_dir.rglob("*")):
                 os.chown(p, pw.pw_uid, pw.pw_gid)
             if self.preload and subprocess.run(["test", "-r", self.preload], **kw).returncode != 0:
-                libdir = self.dir / "lib"
+                libdir = self.run_dir / "lib"
                 libdir.mkdir()
                 shutil.copy2(self.preload, libdir)
                 self.preload = str(libdir / os.path.basename(self.preload))
@@ -846,23 +864,23 @@ class PostgresServer(Server):
                 os.chmod(self.preload, 0o644)
                 self.notes.append(f"user {self.run_as} cannot read the allocator library: "
                                   f"using a copy, {self.preload}")
-        self.sockdir = self.dir / "sock"
+        self.sockdir = self.run_dir / "sock"
         self.sockdir.mkdir()
         if self.run_as:
             os.chown(self.sockdir, kw["user"], kw["group"])
-        log = self.dir / "initdb.log"
+        log = self.run_dir / "initdb.log"
         base = self._server_env_base()
         env = dict(os.environ if base is None else base)
         env.pop("LD_PRELOAD", None)
         with open(log, "wb") as fh:
             try:
-                r = subprocess.run([initdb, "-D", str(self.dir / "data"), "-U", self.dbuser, "-A",
+                r = subprocess.run([initdb, "-D", str(self.run_dir / "data"), "-U", self.dbuser, "-A",
                                     "trust", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync"],
                                    env=env, stdin=subprocess.DEVNULL, stdout=fh,
                                    stderr=subprocess.STDOUT, timeout=180, cwd=str(self.dir),
                                    preexec_fn=_pdeathsig, **kw)
             except subprocess.TimeoutExpired:
-                raise SuiteError(f"initdb timed out after 180s\n{log_tail(log)}")
+                raise SuiteError(f"initdb timed out after 180s\n{log_tail(log)}") from None
         if r.returncode != 0:
             raise SuiteError(f"initdb failed ({describe_status(r.returncode)})\n{log_tail(log)}")
 
@@ -873,7 +891,7 @@ class PostgresServer(Server):
                     "logging_collector": "off", "log_min_messages": "warning",
                     "work_mem": "8MB", "maintenance_work_mem": "64MB"}
         settings.update(self.settings)
-        argv = [self.binary_path(), "-D", str(self.dir / "data"), "-k", str(self.sockdir),
+        argv = [self.binary_path(), "-D", str(self.run_dir / "data"), "-k", str(self.sockdir),
                 "-p", str(self.port)]
         for k, v in settings.items():
             argv += ["-c", f"{k}={v}"]
@@ -906,7 +924,7 @@ class SphinxServer(Server):
         self.ready_query = ready_query      # e.g. a query on the index: ready = index loaded
 
     def _prepare(self) -> None:
-        d = self.dir
+        d = self.run_dir
         self.conf_path = d / "sphinx.conf"
         self.conf_path.write_text(f"""{self.index_conf}
 searchd
@@ -938,15 +956,17 @@ searchd
 
     def log_text(self) -> str:
         out = ""
-        for p in (self.log_path, self.dir / "searchd-own.log"):
+        for p in (self.log_path, self.run_dir / "searchd-own.log"):
+            if p is None:
+                continue
             try:
-                out += Path(p).read_text(errors="replace")
+                out += p.read_text(errors="replace")
             except OSError:
                 pass
         return out
 
     def died_message(self, during: str = "the run") -> str:
-        own = log_tail(self.dir / "searchd-own.log") if self.dir else ""
+        own = log_tail(self.run_dir / "searchd-own.log") if self.dir else ""
         return super().died_message(during) + ("\n" + own if own else "")
 
 
@@ -1016,14 +1036,15 @@ class MySQLMini(TcpClient):
         p = self._read_packet()                      # EOF after the column definitions
         if not (p[:1] == b"\xfe" and len(p) < 9):
             raise MySQLError("protocol: expected EOF after column definitions")
-        rows = []
+        rows: list[list[Optional[str]]] = []
         while True:
             p = self._read_packet()
             if p[:1] == b"\xfe" and len(p) < 9:
                 return rows
             if p[:1] == b"\xff":
                 raise MySQLError(self._err(p))
-            row, i = [], 0
+            row: list[Optional[str]] = []
+            i = 0
             while i < len(p):
                 n, i = self._lenenc(p, i)
                 if n is None:
@@ -1055,7 +1076,7 @@ def run_client(argv: Sequence[str], *, servers: Sequence[Server] = (), timeout: 
     is killed on timeout, on exceptions and on KeyboardInterrupt too."""
     what = what or os.path.basename(argv[0])
     own_out = out_path is None
-    if own_out:
+    if out_path is None:
         fd, name = tempfile.mkstemp(prefix="keel-client-", suffix=".out")
         os.close(fd)
         out_path = Path(name)
@@ -1071,7 +1092,7 @@ def run_client(argv: Sequence[str], *, servers: Sequence[Server] = (), timeout: 
                 proc = subprocess.Popen(list(argv), stdin=inp, stdout=out, stderr=subprocess.STDOUT,
                                         env=env, start_new_session=True, preexec_fn=_pdeathsig, **kw)
             except FileNotFoundError:
-                raise SuiteError(f"{argv[0]} not found")
+                raise SuiteError(f"{argv[0]} not found") from None
             deadline = time.monotonic() + timeout
             while True:
                 try:

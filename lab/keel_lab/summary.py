@@ -18,7 +18,8 @@ from .measure import spread
 FORMAT = "keel-lab-results"
 NOISY = 0.10            # spread above which a median is flagged as noisy
 
-_HIGHER = re.compile(r"(throughput|tps|qps|ops|per_s|_rate|hit)", re.I)
+# rps: requests per second (redis-ops' <test>_<config>_rps, redis-frag's fill_rps_<size>)
+_HIGHER = re.compile(r"(throughput|tps|qps|(^|_)rps(_|$)|ops|per_s|_rate|hit)", re.I)
 _LOWER = re.compile(r"(_ms|_us|_ns|_s|_kib|_mib|_bytes|_pages|rss|frag|time|latency|faults|"
                     r"overhead|_geomean|_per_txn)$|^(rss|frag|wall|cpu)", re.I)
 # what meshing did (pages given back, views, views written since): counts to read, not
@@ -70,20 +71,67 @@ def load(path: str | Path) -> dict:
     return doc
 
 
+def _names(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
 def validate(doc: Any, where: str = "results") -> None:
+    """Checks the structure that the summary, `keel recommend` and `keel report` rely on;
+    ResultsError naming the first part that is wrong."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ResultsError(f"{where} is not a keel bench results file (no "
                            f"\"format\": \"{FORMAT}\" at the top)")
     if not isinstance(doc.get("meta"), dict) or not isinstance(doc.get("suites"), dict):
         raise ResultsError(f"{where}: \"meta\" and \"suites\" must be objects")
+    meta = doc["meta"]
+    for key in ("suites", "allocators"):
+        if meta.get(key) is not None and not _names(meta[key]):
+            raise ResultsError(f"{where}: meta.{key} must be a list of names")
+    for key in ("machine", "keel", "allocator_info", "options"):
+        if meta.get(key) is not None and not isinstance(meta[key], dict):
+            raise ResultsError(f"{where}: meta.{key} must be an object")
+    if not isinstance((meta.get("keel") or {}).get("git") or {}, dict):
+        raise ResultsError(f"{where}: meta.keel.git must be an object")
+    for a, info in (meta.get("allocator_info") or {}).items():
+        if not isinstance(info, dict) or not isinstance(info.get("git") or {}, dict) \
+                or not isinstance(info.get("env") or {}, dict):
+            raise ResultsError(f"{where}: meta.allocator_info.{a} must be an object "
+                               f"(with objects for git and env)")
     for name, s in doc["suites"].items():
         if not isinstance(s, dict) or not isinstance(s.get("runs", []), list):
             raise ResultsError(f"{where}: suite {name!r} has no list of runs")
         for i, r in enumerate(s.get("runs", [])):
+            at = f"{where}: suite {name!r}, run {i + 1}"
             if not isinstance(r, dict) or "allocator" not in r:
-                raise ResultsError(f"{where}: suite {name!r}, run {i + 1}: no allocator")
-            if r.get("ok") and not isinstance((r.get("result") or {}).get("metrics"), dict):
-                raise ResultsError(f"{where}: suite {name!r}, run {i + 1}: no metrics")
+                raise ResultsError(f"{at}: no allocator")
+            if not isinstance(r["allocator"], str):
+                raise ResultsError(f"{at}: the allocator must be a name, not {r['allocator']!r}")
+            res = r.get("result")
+            if res is not None and not isinstance(res, dict):
+                raise ResultsError(f"{at}: \"result\" must be an object")
+            if r.get("ok") and not isinstance((res or {}).get("metrics"), dict):
+                raise ResultsError(f"{at}: no metrics")
+            _validate_result(res or {}, at)
+
+
+# the optional parts of a run's result (suites/base.py) and the type each must have
+_RESULT_PARTS = (("headline", dict, "an object"), ("checksums", dict, "an object"),
+                 ("series", dict, "an object"), ("notes", list, "a list"),
+                 ("points", list, "a list"), ("phases", list, "a list"))
+
+
+def _validate_result(res: dict, at: str) -> None:
+    for key, typ, what in _RESULT_PARTS:
+        v = res.get(key)
+        if v is not None and not isinstance(v, typ):
+            raise ResultsError(f"{at}: result.{key} must be {what}")
+    if not all(isinstance(m, str) for m in (res.get("headline") or {}).values()):
+        raise ResultsError(f"{at}: result.headline must map kinds to metric names")
+    for key in ("points", "phases"):
+        if not all(isinstance(p, dict) for p in res.get(key) or []):
+            raise ResultsError(f"{at}: result.{key} must be a list of objects")
+    if not all(isinstance(v, list) for v in (res.get("series") or {}).values()):
+        raise ResultsError(f"{at}: result.series must map names to lists of [t, value]")
 
 
 @dataclass
@@ -179,7 +227,7 @@ def summarize(doc: dict) -> dict[str, SuiteSummary]:
                 best = pick(stats, key=lambda a: stats[a].median)
                 ss.best[m] = best
                 b = stats[best].median
-                for a, st in stats.items():
+                for st in stats.values():
                     if d == "lower":
                         st.ratio = (st.median / b) if b > 0 else (1.0 if st.median == 0 else None)
                     else:

@@ -57,6 +57,11 @@ STRING_MARKERS = {
     "keel": b"KEEL_PURGE_DELAY",
     "tcmalloc": b"TCMALLOC_SAMPLE_PARAMETER",
 }
+# glibc's malloc, linked into a static executable (stripped: no symbols to go by).
+GLIBC_MALLOC_STRING = b"malloc(): corrupted top size"
+# glibc's dynamic loaders (ld-linux-x86-64.so.2, ld-linux-aarch64.so.1, ld-linux.so.2,
+# ld64.so.2, ld.so.1): they honour LD_TRACE_LOADED_OBJECTS and list instead of running.
+GLIBC_LOADER_RE = re.compile(r"^(ld-linux[-\w]*\.so\.\d+|ld64\.so\.\d+|ld\.so\.\d+)$")
 NAME_RE = {
     "keel": re.compile(r"^libkeel(\.|-)"),
     "jemalloc": re.compile(r"^libjemalloc"),
@@ -121,8 +126,8 @@ class WhichResult:
         for n in self.notes:
             lines.append(f"  note:       {n}")
         if self.method == "predicted":
-            lines.append("  (predicted from the executable and the environment: the command "
-                         "exited before it could be inspected)")
+            lines.append("  (predicted from the executable and the environment, not read from "
+                         "a running process)")
         return "\n".join(lines)
 
 
@@ -154,14 +159,19 @@ def static_allocator(exe_path: str) -> tuple[Optional[str], Optional[str]]:
     fam = next((f for f in FAMILIES if f != "glibc" and MARKERS[f] & syms), None)
     if "malloc" in syms and fam is None and "__libc_malloc" not in syms:
         # an allocator we do not know by name; malloc defined by the program itself
-        return "unknown", "unprefixed" if "malloc" in dyn or not elf.is_dynamic else None
+        return "unknown", "unprefixed" if "malloc" in dyn or elf.is_static else None
+    if fam is None and elf.is_static and "malloc" in syms and "__libc_malloc" in syms:
+        return "glibc", "unprefixed"         # glibc's own malloc, linked in
     if fam is None:
         # stripped: look for strings only the allocator's code has
         fam = next((f for f, s in STRING_MARKERS.items() if elf.contains(s)), None)
+        glibc = elf.is_static and elf.contains(GLIBC_MALLOC_STRING)
         if fam is None:
-            return None, None
-        return fam, ("unprefixed" if "malloc" in dyn else "prefixed")
-    if "malloc" in dyn or ("malloc" in syms and not elf.is_dynamic):
+            return ("glibc", "unprefixed") if glibc else (None, None)
+        # a static executable has glibc's malloc only if nothing else defines malloc
+        return fam, ("unprefixed" if "malloc" in dyn or (elf.is_static and not glibc)
+                     else "prefixed")
+    if "malloc" in dyn or ("malloc" in syms and elf.is_static):
         return fam, "unprefixed"
     return fam, "prefixed"
 
@@ -400,7 +410,7 @@ def analyze(exe: str, mapped: list[str], ld_preload: Optional[str], pid: Optiona
     by_name: dict[str, str] = {}
     for m in libs:
         elf = open_elf(hp(m))
-        if elf.soname:
+        if elf is not None and elf.soname:
             by_name.setdefault(elf.soname, m)
         by_name.setdefault(os.path.basename(m), m)
 
@@ -413,33 +423,33 @@ def analyze(exe: str, mapped: list[str], ld_preload: Optional[str], pid: Optiona
         if elf is None:
             continue
         for n in elf.needed:
-            m = by_name.get(n)
-            if m and m != exe and m not in closure:
-                closure[m] = cur
-                queue.append(m)
+            dep = by_name.get(n)
+            if dep and dep != exe and dep not in closure:
+                closure[dep] = cur
+                queue.append(dep)
 
     pos: dict[str, int] = {}
     if order:
         for i, name in enumerate(order):
             if name.startswith("/"):
-                m = _match(name, libs)
-                if m is not None:
-                    pos.setdefault(m, i)
+                hit = _match(name, libs)
+                if hit is not None:
+                    pos.setdefault(hit, i)
 
     # preloads: named by LD_PRELOAD / ld.so.preload, or loaded before every linked library
     preloads: list[tuple[str, str, str]] = []        # (path, how, evidence)
     for e in _split_preload(ld_preload) if ld_preload else []:
-        m = _match(e, libs)
-        if m:
-            preloads.append((m, "LD_PRELOAD", "named by LD_PRELOAD in /proc/PID/environ"))
+        hit = _match(e, libs)
+        if hit:
+            preloads.append((hit, "LD_PRELOAD", "named by LD_PRELOAD in /proc/PID/environ"))
         else:
             notes.append(f"LD_PRELOAD names {e}, but no such library is loaded: the loader "
                          "ignored it (missing file, wrong architecture, or a setuid program "
                          "that ignores LD_PRELOAD paths)")
     for e in _ld_so_preload():
-        m = _match(e, libs)
-        if m and m not in [p[0] for p in preloads]:
-            preloads.append((m, "ld.so.preload", "named by /etc/ld.so.preload"))
+        hit = _match(e, libs)
+        if hit and hit not in [p[0] for p in preloads]:
+            preloads.append((hit, "ld.so.preload", "named by /etc/ld.so.preload"))
     named = {p[0] for p in preloads}
     dlopened: list[str] = []
     first_linked = min((pos[m] for m in closure if m in pos), default=None)
@@ -477,7 +487,7 @@ def analyze(exe: str, mapped: list[str], ld_preload: Optional[str], pid: Optiona
     exe_defines = False
     if exe_elf is not None:
         exe_defines = "malloc" in exe_elf.defined_symbols("dynsym", {"malloc"}) or (
-            not exe_elf.is_dynamic and kind_exe == "unprefixed")
+            exe_elf.is_static and kind_exe == "unprefixed")
     scope.append(LoadedObject(exe, fam_exe if kind_exe == "unprefixed" else None,
                               exe_defines, "executable"))
     evidence = {}
@@ -544,13 +554,18 @@ def analyze(exe: str, mapped: list[str], ld_preload: Optional[str], pid: Optiona
 # commands
 
 
-def _ldd_objects(exe: str, env: dict) -> Optional[list[str]]:
+def _ldd_objects(exe: str, interp: str, env: dict) -> Optional[list[str]]:
     """Objects in load order, as the loader would load them under env (LD_PRELOAD
-    included), via LD_TRACE_LOADED_OBJECTS (what ldd does). None if not dynamic."""
+    included), via LD_TRACE_LOADED_OBJECTS (what ldd does). The loader `interp` (glibc's,
+    the executable's PT_INTERP) is run with the executable as its argument: it lists the
+    objects and exits, and the executable itself is never started (nor setuid applied).
+    Callers make sure interp is glibc's loader: another one could ignore the variable
+    and run the program."""
     tenv = dict(env)
     tenv["LD_TRACE_LOADED_OBJECTS"] = "1"
     try:
-        r = subprocess.run([exe], env=tenv, capture_output=True, text=True, timeout=20)
+        r = subprocess.run([interp, exe], env=tenv, stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return None
     out = []
@@ -575,14 +590,30 @@ def _resolve_cmd(cmd: list[str], env: dict) -> str:
 
 
 def predict_command(cmd: list[str], env: Optional[dict] = None) -> WhichResult:
-    """Which allocator cmd would use, without running it."""
+    """Which allocator cmd would use, without running it: a dynamic executable's load
+    order comes from its loader (LD_TRACE_LOADED_OBJECTS, what ldd does), a static one is
+    judged from its own symbols and never executed."""
     env = dict(os.environ if env is None else env)
     exe = _resolve_cmd(cmd, env)
-    if open_elf(exe) is None:
+    elf = open_elf(exe)
+    if elf is None:
         raise WhichError(f"{exe} is not an ELF executable (a script? point keel which at "
                          f"the program it runs, or run it and use keel which PID)")
-    objs = _ldd_objects(exe, env) or []
-    res = analyze(exe, objs, env.get("LD_PRELOAD", ""), order=objs, order_source="ldd")
+    ld_preload = env.get("LD_PRELOAD", "")
+    interp = elf.interp
+    if interp is None:
+        res = analyze(exe, [], "")
+        res.ld_preload = ld_preload
+        res.notes.append("static executable (no program interpreter): judged from its own "
+                         "symbols, not by running it; it loads no shared objects, so "
+                         "LD_PRELOAD and /etc/ld.so.preload do not apply")
+    elif not (GLIBC_LOADER_RE.match(os.path.basename(interp)) and os.path.exists(interp)):
+        res = analyze(exe, [], ld_preload)
+        res.notes.append(f"its program interpreter {interp} is not glibc's dynamic loader "
+                         "(or is missing): not run, so the libraries it would load are unknown")
+    else:
+        objs = _ldd_objects(exe, interp, env) or []
+        res = analyze(exe, objs, ld_preload, order=objs, order_source="ldd")
     res.method = "predicted"
     res.cmdline = " ".join(cmd)
     return res
@@ -591,7 +622,7 @@ def predict_command(cmd: list[str], env: Optional[dict] = None) -> WhichResult:
 def inspect_command(cmd: list[str], wait: float = 0.5, env: Optional[dict] = None) -> WhichResult:
     """Starts cmd, inspects it after `wait` seconds, stops it (its whole process group)."""
     env = dict(os.environ if env is None else env)
-    exe = _resolve_cmd(cmd, env)
+    _resolve_cmd(cmd, env)     # a clear error for a missing or non-executable command
     with tempfile.TemporaryFile() as errf:
         try:
             p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
@@ -613,9 +644,8 @@ def inspect_command(cmd: list[str], wait: float = 0.5, env: Optional[dict] = Non
                 errf.seek(0)
                 err = errf.read().decode("utf-8", "replace").strip()
                 res = predict_command(cmd, env)
-                if p.returncode:
-                    res.notes.append(f"the command exited with status {p.returncode}"
-                                     + (f": {err.splitlines()[-1]}" if err else ""))
+                res.notes.append(f"the command exited (status {p.returncode}) before it could "
+                                 "be inspected" + (f": {err.splitlines()[-1]}" if err else ""))
             else:
                 res.cmdline = " ".join(cmd)
             return res

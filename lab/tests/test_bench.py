@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +18,7 @@ from keel_lab import suites
 from keel_lab.allocators import Allocator
 from keel_lab.bench import BenchError, rotation, run_bench
 from keel_lab.summary import load, summarize
-from keel_lab.suites.base import Suite, SuiteError
+from keel_lab.suites.base import Suite, SuiteContext, SuiteError
 
 A, B, C = Allocator("a", None), Allocator("b", None), Allocator("c", None)
 
@@ -332,3 +334,143 @@ def test_keel_variants_are_columns_of_their_own(monkeypatch, tmp_path):
     on_disk["suites"]["envsuite"]["runs"] = on_disk["suites"]["envsuite"]["runs"][1:2]
     html = render(on_disk, charts=False)
     assert "id=keel-options" in html and "with KEEL_MESH=on" in html
+
+
+# ---------------------------------------------------------------------------------
+# setup and output errors: one line, non-zero status, before anything runs (offline)
+
+
+@pytest.fixture
+def nothing_runs(monkeypatch):
+    """Makes sure the bench under test starts no suite (the errors come first)."""
+    import keel_lab.bench as bench_mod
+
+    def boom(*a, **kw):
+        raise AssertionError("the bench started running suites")
+    monkeypatch.setattr(bench_mod, "_loop", boom)
+
+
+def _bench_cli(capsys, *args: str) -> tuple[int, str]:
+    from keel_lab import cli
+    rc = cli.main(["bench", *args, "--allocators", "glibc", "--no-lock"])
+    return rc, capsys.readouterr().err
+
+
+def _one_error_line(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("keel: error: "), err
+    assert "Traceback" not in err and "internal error" not in err
+    return lines[0]
+
+
+def test_unwritable_out_is_one_line(tmp_path, capsys, nothing_runs):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for out, message in ((afile / "r.json", f"{afile} is not a directory"),
+                         (tmp_path, "is a directory: give a file name")):
+        rc, err = _bench_cli(capsys, "threads", "--out", str(out))
+        assert rc == 2
+        line = _one_error_line(err)
+        assert message in line and str(out) in line
+    assert afile.read_text() == "x"
+
+
+def test_read_only_out_directory_is_one_line(tmp_path, capsys, nothing_runs):
+    if os.geteuid() == 0:
+        pytest.skip("root can write into a read-only directory")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        rc, err = _bench_cli(capsys, "threads", "--out", str(ro / "r.json"))
+    finally:
+        ro.chmod(0o755)
+    assert rc == 2 and "Permission denied" in _one_error_line(err)
+    assert list(ro.iterdir()) == []
+
+
+def test_results_file_that_cannot_be_rewritten_mid_bench(fake, tmp_path):
+    """The directory of the results file turns into a file after the first run: the
+    bench ends with a BenchError naming the file, not an OSError traceback."""
+    sub = tmp_path / "sub"
+    out = sub / "r.json"
+
+    class Sabotage(FakeSuite):
+        def run(self, ctx):
+            res = super().run(ctx)
+            shutil.rmtree(sub)
+            sub.write_text("not a directory any more")
+            return res
+    suites.REGISTRY["fake"] = Sabotage
+    with pytest.raises(BenchError, match=f"cannot write the results file {out}"):
+        run_bench(["fake"], [A], rounds=1, out=out, lock=False)
+
+
+@pytest.mark.parametrize("setting,message", [
+    ("micro.scale=x", "micro: option scale='x': expected a number > 0"),
+    ("micro.scale=0", "micro: option scale='0': expected a number > 0"),
+    ("micro.scale=nan", "micro: option scale='nan'"),
+    ("micro.threads=two", "micro: option threads='two': expected a whole number > 0"),
+    ("micro.timeout=-5", "micro: option timeout='-5'"),
+    ("micro.programs=nosuch", "micro: unknown program(s) nosuch"),
+    ("threads.stack_kib=big", "threads: option stack_kib='big'"),
+    ("threads.settle_ms=x", "threads: option settle_ms='x'"),
+    ("threads.counts=1,x", "threads: bad counts"),
+    ("threads.blocks=25", "threads: blocks must be 0-24, not 25"),
+])
+def test_bad_set_value_is_one_line_before_anything_runs(tmp_path, capsys, nothing_runs,
+                                                       setting, message):
+    suite = setting.split(".", 1)[0]
+    out = tmp_path / "r.json"
+    rc, err = _bench_cli(capsys, suite, "--set", setting, "--out", str(out))
+    assert rc == 2
+    assert message in _one_error_line(err)
+    assert not out.exists()
+
+
+def test_micro_options_are_checked_by_the_suite_too():
+    """run() and check() go through the same checks as the bench's early one."""
+    from keel_lab.suites.micro import MicroSuite
+    ctx = SuiteContext(allocator=A, quick=True, workdir=Path("."), options={"scale": "x"})
+    with pytest.raises(SuiteError, match="option scale='x'"):
+        MicroSuite().check(ctx)
+    with pytest.raises(SuiteError, match="option scale='x'"):
+        MicroSuite().run(ctx)
+    ok = SuiteContext(allocator=A, quick=True, workdir=Path("."),
+                      options={"scale": "0.5", "threads": "4", "timeout": "30"})
+    s = MicroSuite()
+    assert (s.scale(ok), s.threads(ok), s.timeout(ok)) == (0.5, 4, 30.0)
+    dflt = SuiteContext(allocator=A, quick=False, workdir=Path("."))
+    assert (s.scale(dflt), s.threads(dflt), s.timeout(dflt)) == (1.0, None, 300.0)
+
+
+def test_bench_report_failure_is_one_line_and_keeps_the_results(tmp_path, capsys, monkeypatch):
+    """--report after a finished bench: a report that cannot be written is one error line
+    that says where the results are and how to retry, and the status is non-zero."""
+    import keel_lab.bench as bench_mod
+    from conftest import FIXTURES
+    doc = json.loads((FIXTURES / "results_small.json").read_text())
+    for s in doc["suites"].values():           # no failed runs: the bench itself is fine
+        s["runs"] = [r for r in s["runs"] if r.get("ok")]
+    out = tmp_path / "r.json"
+    out.write_text(json.dumps(doc))
+    assert bench_mod.run_status(doc) == 0
+    monkeypatch.setattr(bench_mod, "run_bench", lambda *a, **kw: (doc, out))
+    (tmp_path / "r.html").mkdir()              # the report's path is taken by a directory
+    rc, err = _bench_cli(capsys, "micro", "--report", "--out", str(out))
+    assert rc == 1
+    line = _one_error_line(err)
+    assert f"cannot write the report {tmp_path / 'r.html'}" in line
+    assert f"keel report {out}" in line
+    assert json.loads(out.read_text()) == doc
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".r.html")] == []
+    # a failure while rendering, too
+    (tmp_path / "r.html").rmdir()
+    import keel_lab.report as report_mod
+
+    def broken(*a, **kw):
+        raise ValueError("a chart failed")
+    monkeypatch.setattr(report_mod, "render", broken)
+    rc, err = _bench_cli(capsys, "micro", "--report", "--out", str(out))
+    assert rc == 1 and "a chart failed" in _one_error_line(err)
+    assert not (tmp_path / "r.html").exists()

@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -116,13 +117,23 @@ def test_deploy_keel_from_the_build_dir(keel_path):
     assert "KEEL_MESH" not in out and "userfaultfd" not in out   # meshing only with --mesh
 
 
-def test_deploy_warns_about_paths_services_cannot_see(tmp_path, jemalloc_path):
-    lib = tmp_path / "libjemalloc.so.2"
-    shutil.copy(jemalloc_path, lib)
-    out = keel("deploy", str(lib), "--for", "redis", check=True).stdout
-    if str(lib).startswith("/tmp/"):
-        assert "PrivateTmp" in out
-    assert "WARNING" in out and "/usr/local/lib" in out
+def test_deploy_warns_about_paths_services_cannot_see(jemalloc_path):
+    """A library under /tmp: hidden from units with PrivateTmp= (and here, also from
+    other users: mkdtemp makes the directory 0700). The library lies under /tmp itself,
+    wherever pytest's tmp_path is ($TMPDIR may point elsewhere)."""
+    if os.path.realpath("/tmp") != "/tmp":
+        pytest.skip("/tmp is a symbolic link here")
+    d = tempfile.mkdtemp(prefix="keel-deploy-test-", dir="/tmp")
+    try:
+        lib = os.path.join(d, "libjemalloc.so.2")
+        shutil.copy(jemalloc_path, lib)
+        out = keel("deploy", lib, "--for", "redis", check=True).stdout
+    finally:
+        shutil.rmtree(d)
+    warning = out[out.index("# WARNING:"):out.index("/usr/local/lib/ && sudo ldconfig")]
+    assert f"{lib} is under /tmp/, which hardened units hide (PrivateTmp=" in warning
+    assert f"directory {d} is not world-searchable" in warning
+    assert "keel deploy /usr/local/lib/libjemalloc.so.2" in out
 
 
 def _mesh_machine_part(out: str) -> None:

@@ -19,11 +19,19 @@ from conftest import keel
 from keel_lab import live, livecmd
 
 HOG = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 /* Each function keeps a known amount of memory alive, then the program waits. */
+static char stats[1 << 16], line[256];
+/* A counter from keel_stats_json (the library's own view, in-process), or -1. */
+static long long counter(const char* name) {
+  const char* p = strstr(stats, name);
+  return p ? atoll(p + strlen(name) + 1) : -1; /* name is quoted; then ":" */
+}
 __attribute__((noinline)) void* grow_the_cache(int i) { return malloc(96 + i % 16); }
 __attribute__((noinline)) void* load_the_index(void) { return malloc(200000); }
 int main(int argc, char** argv) {
@@ -37,8 +45,23 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 2000; i++) tmp[i] = malloc(5000);
     for (int i = 0; i < 2000; i++) free(tmp[i]);
   }
-  printf("ready %d\n", k);
-  fflush(stdout);
+  /* holes: 1000-byte blocks, every other one freed; after a pause (the class has taken
+     nothing for half the purge delay) 600-byte requests borrow them and 40-byte ones may
+     carve them (docs/design.md "Borrowing", "Carving"), so the counters are not 0 */
+  static void* holes[4000];
+  for (int i = 0; i < 4000; i++) { holes[i] = malloc(1000); memset(holes[i], 3, 1000); }
+  for (int i = 0; i < 4000; i += 2) free(holes[i]);
+  usleep(700000);
+  for (int i = 0; i < 2000; i++) { keep[k] = malloc(600); memset(keep[k++], 4, 600); }
+  for (int i = 0; i < 2000; i++) { keep[k] = malloc(40); memset(keep[k++], 5, 40); }
+  /* Keel's own counters as it sees them, without allocating (under another allocator
+     there is no keel_stats_json: -1); then "ready" through write(), not stdio, whose
+     buffer would be one more allocation after the figures were taken. */
+  size_t (*json)(char*, size_t) = (size_t (*)(char*, size_t))dlsym(RTLD_DEFAULT, "keel_stats_json");
+  if (json) json(stats, sizeof stats);
+  int n = snprintf(line, sizeof line, "ready %d borrowed_blocks=%lld carved_holes=%lld\n", k,
+                   counter("\"borrowed_blocks\""), counter("\"carved_holes\""));
+  if (write(1, line, n) != n) return 1;
   sleep(atoi(argv[1]));
   return 0;
 }
@@ -50,14 +73,16 @@ def hog(tmp_path, cc):
     src = tmp_path / "hog.c"
     src.write_text(HOG)
     exe = tmp_path / "hog"
-    subprocess.run([cc, "-O1", "-g", "-fno-builtin", str(src), "-o", str(exe)], check=True)
+    subprocess.run([cc, "-O1", "-g", "-fno-builtin", str(src), "-o", str(exe), "-ldl"], check=True)
     return exe
 
 
 def start_under_keel(exe: Path, keel_path: str, extra_env: dict | None = None) -> subprocess.Popen:
+    """Starts exe under Keel; its "ready ..." line is kept in p.ready_line."""
     env = dict(os.environ, LD_PRELOAD=keel_path, **(extra_env or {}))
     p = subprocess.Popen([str(exe), "30"], stdout=subprocess.PIPE, text=True, env=env)
-    assert p.stdout.readline().startswith("ready")
+    p.ready_line = p.stdout.readline()
+    assert p.ready_line.startswith("ready"), p.ready_line
     time.sleep(1.5)  # Keel publishes its statistics after the first second
     return p
 
@@ -91,8 +116,16 @@ def test_stats_json_and_top(hog, keel_path):
         assert s["locks"]["central"]["acquired"] > 1000, s["locks"]
         assert 0 < s["locks"]["page heap"]["acquired"] < s["locks"]["central"]["acquired"]
         assert all(v["contended"] <= v["acquired"] for v in s["locks"].values())
-        assert s["borrowed_blocks"] >= 0, "libkeel does not publish layout 7"
-        assert s["carved_holes"] >= 0, "libkeel does not publish layout 8"
+        # layouts 7 and 8: the counters as published are the library's own (keel_stats_json
+        # inside the process, just before "ready"; the program allocates nothing after)
+        own = dict(kv.split("=") for kv in p.ready_line.split()[2:])
+        assert int(own["borrowed_blocks"]) + int(own["carved_holes"]) > 0, (
+            f"the hog no longer makes Keel borrow or carve ({own}): the comparison below "
+            "would compare zeros")
+        assert "borrowed_blocks" in s, "libkeel does not publish layout 7"
+        assert "carved_holes" in s, "libkeel does not publish layout 8"
+        assert s["borrowed_blocks"] == int(own["borrowed_blocks"]), (s["borrowed_blocks"], own)
+        assert s["carved_holes"] == int(own["carved_holes"]), (s["carved_holes"], own)
         t = keel("top", str(p.pid), "--count", "2", "--interval", "0.3", check=True)
         assert t.stdout.count("busiest size classes") == 2 and "112 B" in t.stdout
         assert t.stdout.count("central lock") == 2
@@ -128,7 +161,8 @@ def test_profile_names_the_biggest_allocator(hog, keel_path, tmp_path):
         top = subprocess.run([go, "tool", "pprof", "-top", str(hog), path], capture_output=True,
                              text=True, timeout=120, env=dict(os.environ, HOME=str(tmp_path)))
         assert top.returncode == 0, top.stderr
-        lines = [l for l in top.stdout.splitlines() if l.strip().endswith(("grow_the_cache", "load_the_index"))]
+        lines = [line for line in top.stdout.splitlines()
+                 if line.strip().endswith(("grow_the_cache", "load_the_index"))]
         assert lines and lines[0].strip().endswith("grow_the_cache"), top.stdout
     finally:
         stop(p)
@@ -184,7 +218,8 @@ def test_stats_match_redis_used_memory(keel_path):
                        capture_output=True, timeout=120)
         time.sleep(1.5)
         info = subprocess.run(cli + ["info", "memory"], capture_output=True, text=True).stdout
-        used = int(next(l.split(":")[1] for l in info.splitlines() if l.startswith("used_memory:")))
+        used = int(next(line.split(":")[1] for line in info.splitlines()
+                        if line.startswith("used_memory:")))
         s = json.loads(keel("stats", str(p.pid), "--json", check=True).stdout)
         # Redis counts used_memory with malloc_usable_size: the same blocks Keel counts.
         assert abs(s["allocated"] - used) <= 0.05 * used, (s["allocated"], used)
@@ -465,3 +500,65 @@ def test_stats_show_meshing_of_a_real_process(tmp_path, cc, keel_path):
         assert "meshing (KEEL_MESH=on" in text and "given back" in text
     finally:
         stop(p)
+
+
+# ---- a process that exits between reads: one line, status 1 (offline) ------------------
+
+
+@pytest.fixture
+def short_lived(tmp_path, monkeypatch):
+    """A child process with a synthetic statistics file of its own, and a live.read that
+    makes the child exit right after a chosen read (as a real process may, between
+    keel stats' or keel top's reads)."""
+    child = subprocess.Popen(["sleep", "30"])
+    path = tmp_path / f"keel-{child.pid}"
+    path.write_bytes(bytes(published_bytes(8, child.pid, (0,) * 13)))
+    monkeypatch.setattr(live, "shm_path", lambda pid: path)
+    real_read = live.read
+    reads: list[int] = []
+
+    def read(pid, timeout=3.0):
+        snap = real_read(pid, timeout)
+        reads.append(pid)
+        if len(reads) == child.exit_after_read:
+            child.kill()
+            child.wait()
+        return snap
+    monkeypatch.setattr(live, "read", read)
+    child.exit_after_read = 1
+    child.reads = reads
+    yield child
+    stop(child)
+
+
+def _one_line(err: str, pid: int) -> None:
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0] == (f"keel: error: process {pid} exited while its "
+                                            "statistics were being read"), err
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_stats_when_the_process_exits_after_the_read(short_lived, capsys, as_json):
+    rc = livecmd.cmd_stats(argparse.Namespace(pid=short_lived.pid, json=as_json, mesh=False,
+                                              classes=10))
+    assert rc == 1 and short_lived.reads == [short_lived.pid]
+    out, err = capsys.readouterr()
+    assert out == ""
+    _one_line(err, short_lived.pid)
+
+
+def test_top_when_the_process_exits_between_frames(short_lived, capsys):
+    short_lived.exit_after_read = 2           # the second frame's read, before its RSS
+    rc = livecmd.cmd_top(argparse.Namespace(pid=short_lived.pid, count=3, interval=0.01,
+                                            classes=8))
+    assert rc == 1 and len(short_lived.reads) == 2
+    out, err = capsys.readouterr()
+    assert out.count("busiest size classes") == 1      # the first frame was shown
+    _one_line(err, short_lived.pid)
+
+
+def test_rss_and_the_statistics_file_of_a_process_gone():
+    p = subprocess.Popen(["true"])
+    p.wait()
+    with pytest.raises(live.LiveError, match=f"process {p.pid} exited"):
+        live.rss_kib(p.pid)

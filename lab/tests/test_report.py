@@ -77,7 +77,15 @@ def test_recommend(results_small):
     assert "within the noise" in text and "margin is real" in text
     out = keel("recommend", str(results_small), check=True).stdout
     assert "redis" in out and "overall" in out
-    assert json.loads(keel("recommend", str(results_small), "--json", check=True).stdout)
+    as_json = {r["suite"]: r for r in
+               json.loads(keel("recommend", str(results_small), "--json", check=True).stdout)}
+    assert as_json.keys() == recs.keys() == {"redis", "threads", "micro"}
+    for name, r in recs.items():    # the JSON is what recommend() says, verdict by verdict
+        assert as_json[name]["verdicts"].keys() == r["verdicts"].keys()
+        for kind, v in r["verdicts"].items():
+            assert {k: as_json[name]["verdicts"][kind][k] for k in ("winner", "verdict", "metric")} \
+                == {k: v[k] for k in ("winner", "verdict", "metric")}
+    assert as_json["redis"]["verdicts"]["speed"]["winner"] == "keel"
 
 
 def test_single_round_says_noise_unknown(results_small):
@@ -210,3 +218,94 @@ def test_diagnostic_suite_says_nothing_to_rank(results_small):
         r.update(ok=False, error="boom", result=None)
     text = render_text(doc)
     assert "no usable results" in text and "nothing to rank" not in text
+
+
+# -- inner structure of a results file: one clear line, not a traceback (offline) -------
+
+
+def _runs(doc):
+    return doc["suites"]["redis"]["runs"]
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d["meta"].update(allocators=5), "meta.allocators must be a list of names"),
+    (lambda d: d["meta"].update(machine="big"), "meta.machine must be an object"),
+    (lambda d: d["meta"]["keel"].update(git=[1]), "meta.keel.git must be an object"),
+    (lambda d: d["meta"]["allocator_info"].update(glibc="x"), "meta.allocator_info.glibc must be"),
+    (lambda d: _runs(d)[0].update(allocator=["keel"]), "run 1: the allocator must be a name"),
+    (lambda d: _runs(d)[0].update(result="fast"), "run 1: \"result\" must be an object"),
+    (lambda d: _runs(d)[0]["result"].update(headline=[1]), "result.headline must be an object"),
+    (lambda d: _runs(d)[0]["result"].update(headline={"speed": ["x"]}),
+     "result.headline must map kinds to metric names"),
+    (lambda d: _runs(d)[0]["result"].update(notes=5), "result.notes must be a list"),
+    (lambda d: _runs(d)[0]["result"].update(points=[3]), "result.points must be a list of objects"),
+    (lambda d: _runs(d)[0]["result"].update(series={"rss_kib": 7}),
+     "result.series must map names to lists"),
+    (lambda d: _runs(d)[0]["result"].update(checksums="abc"), "result.checksums must be an object"),
+])
+def test_wrong_inner_structure_is_one_line(results_small, tmp_path, capsys, mutate, message):
+    from keel_lab import cli
+    doc = json.loads(results_small.read_text())
+    mutate(doc)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ResultsError, match=re.escape(message)):
+        load(bad)
+    out = tmp_path / "bad.html"
+    for argv in (["report", str(bad), "-o", str(out)], ["recommend", str(bad)],
+                 ["recommend", str(bad), "--json"]):
+        assert cli.main(argv) == 1, argv
+        captured = capsys.readouterr()
+        lines = captured.err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("keel: error: ") and message in lines[0]
+        assert captured.out == ""
+    assert not out.exists()
+
+
+def test_odd_informational_fields_still_render(results_small):
+    """What only the report's run details show (load average, memory, revision) may be
+    odd without stopping the report."""
+    doc = load(results_small)
+    doc["meta"]["machine"].update(load=["high"], load_end=None, memory_kib="lots")
+    doc["meta"]["keel"]["git"]["describe"] = 1234
+    _runs(doc)[0]["result"]["series"]["rss_kib"].append(["later", "more"])
+    html = render(doc, charts=False)
+    assert "? at start" in html and "0.0 GiB RAM" in html and "1234" in html
+
+
+def test_unforeseen_structure_error_is_one_line(results_small, capsys, monkeypatch):
+    """Whatever validate() does not foresee still ends in one line naming the file."""
+    from keel_lab import cli, recommend as rec_mod, report as rep_mod
+
+    def bad(*a, **kw):
+        raise KeyError("verdicts")
+    monkeypatch.setattr(rec_mod, "recommend", bad)
+    monkeypatch.setattr(rep_mod, "render", bad)
+    for argv in (["recommend", str(results_small)], ["report", str(results_small)]):
+        assert cli.main(argv) == 1
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 1 and "unexpected structure in the results file" in lines[0]
+        assert str(results_small) in lines[0] and "KeyError" in lines[0]
+
+
+# -- which metrics are better higher -------------------------------------------------------
+
+
+def test_redis_ops_rps_metrics_get_a_winner(results_small):
+    """redis-ops' per-test requests/s (<test>_<config>_rps) and redis-frag's fill_rps_<size>
+    are higher-is-better: they get a best allocator and ratios."""
+    from keel_lab.summary import direction
+    for m in ("set_p16c50_rps", "lpop_c200_rps", "fill_rps_1KiB", "fill_rps_3B"):
+        assert direction(m) == "higher", m
+    for m in ("set_p16c50_p99_ms", "lpop_c200_mean_ms"):
+        assert direction(m) == "lower", m
+    doc = load(results_small)
+    for r in _runs(doc):
+        if r.get("ok"):
+            # keel's runs are the fastest in the fixture
+            r["result"]["metrics"]["set_p16c50_rps"] = {"keel": 300000, "jemalloc": 250000,
+                                                        "glibc": 200000}[r["allocator"]]
+    ss = summarize(doc)["redis"]
+    assert ss.best["set_p16c50_rps"] == "keel"
+    per = ss.metrics["set_p16c50_rps"]
+    assert per["keel"].ratio == 1.0 and per["glibc"].ratio == pytest.approx(1.5)

@@ -9,6 +9,7 @@ under a minute on the 2-core machine.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import random
 import signal
@@ -23,7 +24,7 @@ from keel_lab import servers
 from keel_lab.suites.base import SuiteError
 from keel_lab.allocators import Allocator, AllocatorNotFound, find, parse
 from keel_lab.servers import RedisServer, live_servers, pid_running
-from keel_lab.suites.base import SuiteContext, SuiteError
+from keel_lab.suites.base import SuiteContext
 
 BUILD = Path(os.environ.get("KEEL_BUILD_DIR") or Path(__file__).resolve().parents[2] / "build")
 LOCK = Path(tempfile.gettempdir()) / "keel-bench.lock"
@@ -69,15 +70,49 @@ def allocator(spec: str) -> Allocator:
         pytest.skip(str(e))
 
 
+_RECORDERS: list[Recorder] = []
+
+
+@pytest.fixture(autouse=True)
+def _servers_seen_at_stop(monkeypatch):
+    """Every server stopped during a test tells that test's Recorders its pid, its
+    descendants and its own directory just before it is stopped, so assert_nothing_left
+    checks every server the test ran, also one that no progress message saw alive
+    (Sphinx starts searchd after its progress message for the phase)."""
+    real_stop = servers.Server.stop
+
+    def stop(self, *a, **kw):
+        if self.pid is not None and not self._stopped:
+            for rec in _RECORDERS:
+                rec.saw(self)
+        return real_stop(self, *a, **kw)
+    monkeypatch.setattr(servers.Server, "stop", stop)
+    yield
+    _RECORDERS.clear()
+
+
 class Recorder:
     """A progress callback that remembers the pids of the servers running at each call
-    (and can act on a message)."""
+    (and can act on a message); with the autouse fixture above, also those of every
+    server stopped while it exists."""
 
     def __init__(self, on=None):
         self.messages: list[str] = []
-        self.pids: set[int] = set()
+        self.pids: set[int] = set()              # running at a progress message
+        self.stopped_pids: set[int] = set()      # servers and their descendants, at stop
         self.own_dirs: set[Path] = set()   # throw-away dirs the servers made themselves
         self.on = on
+        _RECORDERS.append(self)
+
+    @property
+    def all_pids(self) -> set[int]:
+        return self.pids | self.stopped_pids
+
+    def saw(self, srv) -> None:
+        self.stopped_pids.add(srv.pid)
+        self.stopped_pids.update(servers.children(srv.pid))
+        if srv._own_dir and srv.dir:
+            self.own_dirs.add(srv.dir)
 
     def __call__(self, message, fraction=None):
         self.messages.append(message)
@@ -97,6 +132,10 @@ def make_ctx(alloc: Allocator, tmp_path: Path, progress=None, **options) -> Suit
 
 
 def assert_nothing_left(pids, dirs=()) -> None:
+    """pids: every process of the servers the test ran (Recorder.all_pids). For a test
+    that started servers an empty set is a mistake, not a pass: it would check nothing."""
+    pids = set(pids)
+    assert pids, "no server process was recorded: nothing to check (no server started?)"
     assert live_servers() == []
     left = [p for p in pids if pid_running(p)]
     assert left == [], f"processes still running: {left}"
@@ -171,7 +210,7 @@ def test_redis_frag_tiny(alloc_name, tmp_path, bench_lock):
     else:
         assert not any(k.startswith("mesh_est") for k in m)
     assert len(rec.pids) == 2   # a fresh server per value size
-    assert_nothing_left(rec.pids)
+    assert_nothing_left(rec.all_pids)
 
 
 @need_redis
@@ -185,7 +224,7 @@ def test_redis_ops_tiny(tmp_path, bench_lock):
               "lpop_c200_p99_ms"):
         assert m[k] is not None and m[k] > 0, k
     assert m["p50_ms"] <= m["p99_ms"]
-    assert_nothing_left(rec.pids)
+    assert_nothing_left(rec.all_pids)
 
 
 def test_missing_binary_clear_error(tmp_path, monkeypatch):
@@ -241,7 +280,7 @@ def test_server_killed_mid_run(tmp_path, bench_lock):
     assert "redis-server" in msg and "died" in msg and "SIGKILL" in msg, msg
     assert "last" in msg and "lines of" in msg, msg     # the log tail
     assert killed
-    assert_nothing_left(rec.pids | set(killed))
+    assert_nothing_left(rec.all_pids | set(killed))
 
 
 @need_redis
@@ -258,7 +297,7 @@ def test_interrupt_stops_the_server(tmp_path, bench_lock):
     with pytest.raises(KeyboardInterrupt):
         RedisFrag().run(make_ctx(allocator("glibc"), tmp_path, rec, idle_seconds=1))
     assert rec.pids
-    assert_nothing_left(rec.pids)
+    assert_nothing_left(rec.all_pids)
 
 
 @need_redis
@@ -288,12 +327,25 @@ def test_server_context_manager_and_idempotent_stop(tmp_path):
     assert live_servers() == []
 
 
+@need_redis
+def test_assert_nothing_left_checks_servers_no_message_saw(tmp_path):
+    """The helper the smoke tests end with: a server that no progress message saw alive
+    is still checked, and an empty set of pids fails instead of passing."""
+    rec = Recorder()
+    with RedisServer(allocator("glibc"), workdir=tmp_path) as srv:
+        pid = srv.pid
+    assert rec.pids == set() and rec.all_pids == {pid}
+    assert_nothing_left(rec.all_pids)
+    with pytest.raises(AssertionError, match="no server process was recorded"):
+        assert_nothing_left(set())
+
+
 def test_rss_sampler_samples_itself():
     with servers.RssSampler(os.getpid(), interval=0.05) as s:
         time.sleep(0.3)
     assert len(s.samples) >= 3
     assert s.peak >= s.samples[0][1] > 0
-    assert all(b[0] >= a[0] for a, b in zip(s.samples, s.samples[1:]))
+    assert all(b[0] >= a[0] for a, b in itertools.pairwise(s.samples))
 
 
 # --------------------------------------------------------------------------------------
@@ -314,7 +366,7 @@ def test_mariadb_smoke(tmp_path, bench_lock):
     m = res["metrics"]
     assert m["insert_tps"] > 0 and m["rss_peak_kib"] >= pt["rss_kib"] and m["rss_final_kib"] > 0
     assert res["x_label"] == "threads"
-    assert_nothing_left(rec.pids)
+    assert_nothing_left(rec.all_pids)
 
 
 @pytest.mark.skipif(not (have("mariadbd") and have("sysbench") and have("mariadb-install-db")),
@@ -334,7 +386,7 @@ def test_mariadb_pool_smoke(tmp_path, bench_lock):
     assert 0 < m["pss_idle_kib_cycle1"] <= m["rss_idle_kib_cycle1"] * 1.05
     if alloc.is_keel:
         assert 0 < m["mesh_est_pairs_rss_kib_final"] <= m["rss_final_kib"]
-    assert_nothing_left(rec.pids)
+    assert_nothing_left(rec.all_pids)
 
 
 @pytest.mark.skipif(not (have("mariadbd") and have("sysbench") and have("valgrind")),
@@ -354,7 +406,7 @@ def test_mariadb_cachesim_smoke(tmp_path, bench_lock):
     assert 0 < m["i1_miss_per_txn"]
     # the allocator runs, and is a small part of the server's work
     assert 100 < m["alloc_ir_per_txn"] < m["ir_per_txn"] / 10
-    assert_nothing_left(rec.pids)
+    assert_nothing_left(rec.all_pids)
 
 
 @pytest.mark.skipif(servers.pg_bindir() is None, reason="sudo apt-get install postgresql")
@@ -373,7 +425,7 @@ def test_postgres_smoke(tmp_path, bench_lock):
     m = res["metrics"]
     assert m["rss_peak_kib"] >= pt["rss_kib"] and m["rss_final_kib"] > 0
     assert rec.own_dirs     # postgres keeps its cluster in its own dir (the server user must reach it)
-    assert_nothing_left(rec.pids, rec.own_dirs)
+    assert_nothing_left(rec.all_pids, rec.own_dirs)
 
 
 @pytest.mark.skipif(not (have("searchd") and have("indexer")),
@@ -392,7 +444,7 @@ def test_sphinx_smoke(tmp_path, bench_lock):
         assert m[f"thp_{mode}_p50_ms"] <= m[f"thp_{mode}_p99_ms"]
         assert res["series"][f"rss_kib_thp_{mode}"]
     assert m["throughput"] == m["thp_on_qps"] and m["rss_peak_kib"] > 0
-    assert_nothing_left(rec.pids)
+    assert_nothing_left(rec.all_pids)
 
 
 def test_sphinx_thp_on_keeps_a_variants_own_policy():
@@ -423,4 +475,4 @@ def test_sphinx_thp_dense_under_keel(tmp_path, bench_lock):
     assert any("'dense' = that setting plus KEEL_THP=dense" in n for n in res["notes"])
     with pytest.raises(SuiteError, match="use on, off, dense"):
         Sphinx().run(make_ctx(allocator("keel"), tmp_path, rec, thp="sometimes"))
-    assert_nothing_left(rec.pids)
+    assert_nothing_left(rec.all_pids)

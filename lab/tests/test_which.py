@@ -260,3 +260,66 @@ def test_elf_reader_agrees_with_readelf():
                 if "/libc.so" in line or "/libc-" in line)
     syms = Elf(libc).defined_symbols("dynsym", {"malloc", "__libc_malloc", "no_such_symbol"})
     assert syms == {"malloc", "__libc_malloc"}
+
+
+STATIC_SRC = r"""
+#include <stdio.h>
+#include <stdlib.h>
+/* Leaves a mark when it runs: keel which --no-run must never start it. */
+int main(void) {
+  const char* mark = getenv("KEEL_TEST_MARK");
+  FILE* f = mark ? fopen(mark, "w") : NULL;
+  if (f) fclose(f);
+  void* p = malloc(100);
+  printf("%p\n", p);
+  return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("flag", ["-static", "-static-pie"])
+def test_no_run_never_executes_a_static_binary(tmp_path, cc, flag):
+    """A static executable ignores LD_TRACE_LOADED_OBJECTS and would simply run: --no-run
+    judges it from its symbols instead, says so, and the program leaves no mark. A
+    static-pie binary has a PT_DYNAMIC but no PT_INTERP, and is static all the same."""
+    src = tmp_path / "s.c"
+    src.write_text(STATIC_SRC)
+    exe = tmp_path / "static_prog"
+    r = subprocess.run([cc, flag, "-O1", str(src), "-o", str(exe)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot link with {flag} here (libc6-dev's static libc.a missing?): "
+                    f"{r.stderr.strip()[-300:]}")
+    assert Elf(exe).interp is None and Elf(exe).is_static
+    mark = tmp_path / "ran"
+    env = {**os.environ, "KEEL_TEST_MARK": str(mark)}
+    # the mark works: running it for real leaves one
+    subprocess.run([str(exe)], env=env, check=True, capture_output=True)
+    assert mark.exists()
+    mark.unlink()
+
+    res = predict_command([str(exe)], env=env)
+    assert not mark.exists(), "predict_command ran the static binary"
+    assert res.allocator == "glibc" and res.how == "static", res.render()
+    assert any(n.startswith("static executable") and "not by running it" in n for n in res.notes)
+    out = keel("which", "--no-run", "--", str(exe), env=env, check=True)
+    assert not mark.exists(), "keel which --no-run ran the static binary"
+    assert "static executable (no program interpreter)" in out.stdout
+    # LD_PRELOAD cannot reach it, and the output says so rather than blaming the loader
+    out = keel("which", "--no-run", "--", str(exe), check=True,
+               env={**env, "LD_PRELOAD": "/nonexistent/libfoo.so"})
+    assert not mark.exists()
+    assert "LD_PRELOAD and /etc/ld.so.preload do not apply" in out.stdout
+    assert "the loader ignored it" not in out.stdout
+
+
+def test_no_run_traces_a_dynamic_binary_through_its_loader(tmp_path, cc):
+    """A dynamic executable is listed by its loader (ld.so EXE), never started."""
+    src = tmp_path / "d.c"
+    src.write_text(STATIC_SRC)
+    exe = tmp_path / "dynamic_prog"
+    subprocess.run([cc, "-O1", str(src), "-o", str(exe)], check=True)
+    mark = tmp_path / "ran"
+    res = predict_command([str(exe)], env={**os.environ, "KEEL_TEST_MARK": str(mark)})
+    assert not mark.exists()
+    assert res.allocator == "glibc" and res.how == "linked", res.render()
+    assert res.library and "libc.so" in res.library

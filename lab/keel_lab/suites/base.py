@@ -23,9 +23,10 @@ KeyboardInterrupt (use try/finally and keel_lab.servers helpers).
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from ..allocators import Allocator
 from ..measure import memory_held_kib, mesh_views, pss_kib
@@ -155,6 +156,11 @@ class Suite:
     description: str = ""
     # Debian packages the suite needs (for the clear "install X" message).
     needs_packages: tuple[str, ...] = ()
+
+    def check_options(self, ctx: SuiteContext) -> None:
+        """Raise SuiteError for an option value (keel bench --set SUITE.KEY=VALUE) the
+        suite cannot use. Quick and side-effect free: the bench calls it for every suite
+        before it runs anything or waits for the machine's lock."""
 
     def check(self, ctx: SuiteContext) -> None:
         """Raise SuiteError if something the suite needs is missing."""

@@ -41,6 +41,14 @@ def parse_sysbench(text: str) -> dict:
     return out
 
 
+def check_mariadb_and_sysbench() -> None:
+    """SuiteError naming the package of the first missing program the suites run."""
+    sv.which(sv.MariaDBServer.binary, sv.MariaDBServer.package)
+    sv.which("mariadb-install-db", "mariadb-server")
+    sv.which("mariadb", "mariadb-client")
+    sv.which("sysbench", "sysbench")
+
+
 def start_and_prepare(srv: sv.MariaDBServer, ctx: SuiteContext, result: dict, tables: int,
                       rows: int) -> list[str]:
     """Starts the server, creates sysbench's database and user, fills `tables` tables of
@@ -80,10 +88,7 @@ class MariaDB(Suite):
     }
 
     def check(self, ctx: SuiteContext) -> None:
-        sv.which(sv.MariaDBServer.binary, sv.MariaDBServer.package)
-        sv.which("mariadb-install-db", "mariadb-server")
-        sv.which("mariadb", "mariadb-client")
-        sv.which("sysbench", "sysbench")
+        check_mariadb_and_sysbench()
 
     def run(self, ctx: SuiteContext) -> dict:
         self.check(ctx)
@@ -103,11 +108,11 @@ class MariaDB(Suite):
             with sv.RssSampler(srv.pid, interval=0.25) as whole:
                 for i, threads in enumerate(sweep):
                     ctx.progress(f"oltp_read_only, {threads} threads, {secs}s", 0.1 + 0.9 * i / total)
-                    cpu0 = sv.cpu_seconds(srv.pid)
+                    cpu0 = sv.cpu_seconds(srv.run_pid)
                     with sv.RssSampler(srv.pid, interval=0.2) as samp:
                         res = self._run(srv, [sb[0], "oltp_read_only", *sb[1:]], threads, secs,
                                         f"sysbench oltp_read_only --threads={threads}")
-                    cpu = cpu_us_per_txn(cpu0, sv.cpu_seconds(srv.pid), res.get("tps"), secs)
+                    cpu = cpu_us_per_txn(cpu0, sv.cpu_seconds(srv.run_pid), res.get("tps"), secs)
                     point = {"x": threads, "throughput": res.get("tps"), "p95_ms": res.get("p95_ms"),
                              "mean_ms": res.get("mean_ms"), "rss_kib": srv.rss_kib(),
                              "rss_peak_kib": samp.peak, "cpu_us_per_txn": cpu}
@@ -183,7 +188,8 @@ class MariaDBPool(Suite):
         "tiny": (1, 2_000, 8, 2, 1.0, 1, "64M"),
     }
 
-    check = MariaDB.check
+    def check(self, ctx: SuiteContext) -> None:
+        check_mariadb_and_sysbench()
 
     def run(self, ctx: SuiteContext) -> dict:
         self.check(ctx)
@@ -213,9 +219,9 @@ class MariaDBPool(Suite):
                                  0.1 + 0.9 * (c - 0.5) / cycles)
                     sv.sleep_watching(idle, [srv], f"idle after cycle {c}")
                     m[f"rss_idle_kib_cycle{c}"] = srv.rss_kib()
-                    held = held_metrics(srv.pid, "idle", f"cycle{c}")
+                    held = held_metrics(srv.run_pid, "idle", f"cycle{c}")
                     m.update(held)
-                    m.update(mesh_stats_metrics(published_mesh_stats(srv.pid), f"idle_cycle{c}"))
+                    m.update(mesh_stats_metrics(published_mesh_stats(srv.run_pid), f"idle_cycle{c}"))
                     idle_rec = {"phase": f"idle {c}", "rss_kib": m[f"rss_idle_kib_cycle{c}"]}
                     if f"held_idle_kib_cycle{c}" in held:
                         idle_rec["held_kib"] = held[f"held_idle_kib_cycle{c}"]
@@ -226,7 +232,7 @@ class MariaDBPool(Suite):
             if f"held_idle_kib_cycle{cycles}" in m:
                 m["held_final_kib"] = m[f"held_idle_kib_cycle{cycles}"]
             m["throughput"] = geomean([m[f"tps_cycle{c}"] for c in range(1, cycles + 1)])
-            m.update(mesh_estimate_metrics(srv.pid, m["rss_final_kib"], "final"))
+            m.update(mesh_estimate_metrics(srv.run_pid, m["rss_final_kib"], "final"))
             result["series"] = {"rss_kib": whole.samples}
             result["notes"].append(
                 f"{tables} tables x {rows} rows, innodb_buffer_pool_size={pool}; {cycles} cycles of "
@@ -272,7 +278,7 @@ class MariaDBCacheSim(Suite):
     }
 
     def check(self, ctx: SuiteContext) -> None:
-        MariaDB.check(self, ctx)
+        check_mariadb_and_sysbench()
         sv.which("valgrind", "valgrind")
         sv.which("callgrind_control", "valgrind")
 
@@ -328,10 +334,9 @@ class MariaDBCacheSim(Suite):
             raise SuiteError(f"callgrind wrote no dump ({out}.N); server log:\n"
                              f"{sv.log_tail(srv.log_path)}")
         part = cachesim.allocator_part(srv.preload)
-        total = None
-        for d in dumps:
-            r = cachesim.parse(d, part)
-            total = r if total is None else cachesim.add(total, r)
+        total = cachesim.parse(dumps[0], part)
+        for d in dumps[1:]:
+            total = cachesim.add(total, cachesim.parse(d, part))
         t, a = total["totals"], total["part"]
         if not t.get("Ir"):
             raise SuiteError(f"callgrind counted nothing in {', '.join(map(os.path.basename, dumps))}")

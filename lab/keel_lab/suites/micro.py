@@ -18,11 +18,13 @@ Quick: bignum, tree, xthread, mixed, larson at scale 0.25 (about 2-4 s per run).
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
 import time
 from pathlib import Path
+from typing import Any, Optional
 
 from ..measure import RssSampler, geomean
 from ..paths import SOURCE_DIR
@@ -37,6 +39,19 @@ PROGRAMS = {name: (desc.strip(), threads == "yes") for name, threads, desc in _r
 QUICK_PROGRAMS = ("bignum", "tree", "xthread", "mixed", "larson")
 QUICK_SCALE = 0.25
 CHECKSUM_RE = re.compile(r"\bchecksum=([0-9a-fA-F]+)\b")
+
+
+def _positive(ctx: SuiteContext, key: str, default, conv):
+    """Option `key` as a number > 0 (conv: int or float), SuiteError naming it otherwise."""
+    raw = ctx.options.get(key, default)
+    try:
+        v = conv(raw)
+    except (TypeError, ValueError):
+        v = None
+    if v is None or not v > 0 or (conv is float and not math.isfinite(v)):
+        kind = "a whole number" if conv is int else "a number"
+        raise SuiteError(f"micro: option {key}={raw!r}: expected {kind} > 0")
+    return v
 
 
 class MicroSuite(Suite):
@@ -61,12 +76,24 @@ class MicroSuite(Suite):
         return list(QUICK_PROGRAMS if ctx.quick else PROGRAMS)
 
     def scale(self, ctx: SuiteContext) -> float:
-        v = float(ctx.options.get("scale", QUICK_SCALE if ctx.quick else 1.0))
-        if not v > 0:
-            raise SuiteError("micro: scale must be > 0")
-        return v
+        return _positive(ctx, "scale", QUICK_SCALE if ctx.quick else 1.0, float)
+
+    def threads(self, ctx: SuiteContext) -> Optional[int]:
+        if ctx.options.get("threads") in (None, ""):
+            return None
+        return _positive(ctx, "threads", None, int)
+
+    def timeout(self, ctx: SuiteContext) -> float:
+        return _positive(ctx, "timeout", 60.0 if ctx.quick else 300.0, float)
+
+    def check_options(self, ctx: SuiteContext) -> None:
+        self.programs(ctx)
+        self.scale(ctx)
+        self.threads(ctx)
+        self.timeout(ctx)
 
     def check(self, ctx: SuiteContext) -> None:
+        self.check_options(ctx)
         d = self.bench_dir(ctx)
         progs = self.programs(ctx)
         absent = [p for p in progs + ["measure"] if not os.access(d / p, os.X_OK)]
@@ -83,19 +110,19 @@ class MicroSuite(Suite):
         d = self.bench_dir(ctx)
         progs = self.programs(ctx)
         scale = self.scale(ctx)
-        threads = ctx.options.get("threads")
-        timeout = float(ctx.options.get("timeout", 60 if ctx.quick else 300))
+        threads = self.threads(ctx)
+        timeout = self.timeout(ctx)
         measure = d / "measure"
         notes: list[str] = []
         t0 = time.monotonic()
         series: list[list[float]] = []
-        metrics: dict[str, float] = {}
+        metrics: dict[str, Any] = {}   # numbers; None for a geomean of nothing
         phases, checksums, failures = [], {}, []
         for i, prog in enumerate(progs):
             ctx.progress(f"{prog} ({i + 1}/{len(progs)})", i / len(progs))
             args = [repr(scale) if scale != int(scale) else str(int(scale))]
             if threads and PROGRAMS[prog][1]:
-                args.append(str(int(threads)))
+                args.append(str(threads))
             r = self._run_one(ctx, d / prog, args, measure, timeout, t0, series)
             if r.get("error"):
                 failures.append(f"{prog}: {r['error']}")
@@ -109,10 +136,14 @@ class MicroSuite(Suite):
         if failures:
             raise SuiteError(f"micro under {ctx.allocator.name}: " + "\n".join(failures))
         done = [p for p in progs if p in checksums]
-        metrics["wall_s_geomean"] = round(geomean(metrics[f"{p}.wall_s"] for p in done), 4)
-        metrics["cpu_s_geomean"] = round(geomean(metrics[f"{p}.cpu_s"] for p in done), 4)
-        metrics["rss_peak_kib_geomean"] = round(
-            geomean(metrics[f"{p}.rss_peak_kib"] for p in done), 1)
+
+        def mean_of(key: str, digits: int) -> Optional[float]:
+            # None when no program has a value > 0 (e.g. times rounded to 0 at a tiny scale)
+            g = geomean(metrics[f"{p}.{key}"] for p in done)
+            return None if g is None else round(g, digits)
+        metrics["wall_s_geomean"] = mean_of("wall_s", 4)
+        metrics["cpu_s_geomean"] = mean_of("cpu_s", 4)
+        metrics["rss_peak_kib_geomean"] = mean_of("rss_peak_kib", 1)
         metrics["rss_peak_kib"] = max(metrics[f"{p}.rss_peak_kib"] for p in done)
         return {
             "metrics": metrics,

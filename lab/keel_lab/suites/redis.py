@@ -9,6 +9,7 @@ import os
 import random
 import threading
 import time
+from pathlib import Path
 from typing import Optional
 
 # servers is imported as a module, names looked up at run time: keel_lab.servers
@@ -47,7 +48,7 @@ def opt_float(ctx: SuiteContext, key: str, default):
     try:
         return float(v)
     except (TypeError, ValueError):
-        raise SuiteError(f"option {key}={v!r}: expected a number")
+        raise SuiteError(f"option {key}={v!r}: expected a number") from None
 
 
 def opt_list(ctx: SuiteContext, key: str, default: tuple, conv=int) -> tuple:
@@ -59,7 +60,7 @@ def opt_list(ctx: SuiteContext, key: str, default: tuple, conv=int) -> tuple:
         return tuple(conv(str(x).strip()) if isinstance(x, str) else conv(x)
                      for x in items if str(x).strip())
     except (TypeError, ValueError):
-        raise SuiteError(f"option {key}={v!r}: expected a comma-separated list")
+        raise SuiteError(f"option {key}={v!r}: expected a comma-separated list") from None
 
 
 def opt_env(ctx: SuiteContext, key: str = "extra_env") -> dict:
@@ -93,7 +94,7 @@ def size_label(n: int) -> str:
 def parse_benchmark_csv(text: str) -> dict[str, dict[str, float]]:
     """redis-benchmark --csv (7.x): "test","rps","avg_latency_ms","min_latency_ms",
     "p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"."""
-    lines = [l for l in text.replace("\r", "\n").splitlines() if l.startswith('"')]
+    lines = [line for line in text.replace("\r", "\n").splitlines() if line.startswith('"')]
     out: dict[str, dict[str, float]] = {}
     header: Optional[list[str]] = None
     for row in csv.reader(io.StringIO("\n".join(lines))):
@@ -103,7 +104,7 @@ def parse_benchmark_csv(text: str) -> dict[str, dict[str, float]]:
         if header is None or len(row) != len(header):
             continue
         rec = {}
-        for k, v in zip(header[1:], row[1:]):
+        for k, v in zip(header[1:], row[1:], strict=True):
             try:
                 rec[k] = float(v)
             except ValueError:
@@ -163,7 +164,7 @@ def _mass_set(srv: sv.RedisServer, workdir, rng: random.Random, keyspace: int, c
     try:
         out = sv.run_client([sv.which("redis-cli", "redis-tools"), "-h", "127.0.0.1",
                              "-p", str(srv.port), "--pipe"],
-                            servers=[srv], timeout=timeout, what=what, stdin_path=fifo)
+                            servers=[srv], timeout=timeout, what=what, stdin_path=Path(fifo))
     finally:
         if writer.is_alive():
             # the client never opened the FIFO (or stopped reading): unblock the writer
@@ -178,11 +179,11 @@ def _mass_set(srv: sv.RedisServer, workdir, rng: random.Random, keyspace: int, c
     if failure:
         raise SuiteError(f"{what}: writing the commands failed: {failure[0]}")
     # "errors: 0, replies: 2000000"
-    tail = [l for l in out.splitlines() if l.startswith("errors:")]
+    tail = [line for line in out.splitlines() if line.startswith("errors:")]
     try:
         errors, replies = (int(x.split(":")[1]) for x in tail[-1].split(","))
     except (IndexError, ValueError):
-        raise SuiteError(f"{what}: no reply count in redis-cli --pipe's output:\n{out[-2000:]}")
+        raise SuiteError(f"{what}: no reply count in redis-cli --pipe's output:\n{out[-2000:]}") from None
     if errors or replies != count:
         raise SuiteError(f"{what}: {errors} errors, {replies} of {count} replies:\n{out[-2000:]}")
     return seconds
@@ -234,7 +235,8 @@ class RedisFrag(RedisSuite):
         idle = opt_float(ctx, "idle_seconds", idle)
         sizes = opt_list(ctx, "value_sizes", self.VALUE_SIZES)
         result: dict = {"metrics": {}, "series": {}, "phases": [], "notes": []}
-        peaks, finals = [], []
+        peaks: list[int] = []
+        finals: list[int] = []
         for i, vsize in enumerate(sizes):
             label = size_label(vsize)
             self._one(ctx, result, label, vsize, keys, fill, over, idle,
@@ -289,8 +291,8 @@ class RedisFrag(RedisSuite):
                 def phase(name: str, seconds: float) -> None:
                     srv.check_alive(name)
                     info = client.info("memory")
-                    rss = sv.rss_kib(srv.pid)
-                    held = held_metrics(srv.pid, name, label)
+                    rss = sv.rss_kib(srv.run_pid)
+                    held = held_metrics(srv.run_pid, name, label)
                     # one phase entry per (phase, value size): the report groups by name
                     rec = {"phase": f"{name} {label}", "rss_kib": rss,
                            "used_memory_kib": int(info["used_memory"]) // 1024,
@@ -300,7 +302,7 @@ class RedisFrag(RedisSuite):
                     result["phases"].append(rec)
                     m[f"rss_{name}_kib_{label}"] = rss
                     m.update(held)
-                    m.update(mesh_stats_metrics(published_mesh_stats(srv.pid), f"{name}_{label}"))
+                    m.update(mesh_stats_metrics(published_mesh_stats(srv.run_pid), f"{name}_{label}"))
                     m[f"used_memory_{name}_kib_{label}"] = rec["used_memory_kib"]
                     m[f"keys_{name}_{label}"] = int(client.command("DBSIZE"))
                     if name != "idle":
@@ -336,7 +338,7 @@ class RedisFrag(RedisSuite):
                     sv.sleep_watching(idle, [srv], "the idle phase")
                 result["series"][f"rss_kib_{label}"] = idle_s.samples
                 phase("idle", idle)
-                m.update(mesh_estimate_metrics(srv.pid, m[f"rss_idle_kib_{label}"], label))
+                m.update(mesh_estimate_metrics(srv.run_pid, m[f"rss_idle_kib_{label}"], label))
                 done += 1
             finally:
                 if client is not None:
@@ -349,7 +351,7 @@ class RedisFrag(RedisSuite):
         except (ConnectionError, OSError) as e:
             if not srv.alive():
                 raise SuiteError(srv.died_message(f"redis-frag ({label})")) from None
-            raise SuiteError(f"redis-frag ({label}): lost the connection to redis-server: {e}")
+            raise SuiteError(f"redis-frag ({label}): lost the connection to redis-server: {e}") from None
         finally:
             srv.stop()
 
@@ -403,7 +405,7 @@ class RedisOps(RedisSuite):
                         p99.append(rec.get("p99_latency_ms", 0))
                         means.append(rec.get("avg_latency_ms", 0))
             srv.check_alive("the run")
-            ms = published_mesh_stats(srv.pid)
+            ms = published_mesh_stats(srv.run_pid)
             mesh = mesh_stats_metrics(ms, None, ("views", "pages", "longest_ms"))
             m.update(mesh)
             if mesh:

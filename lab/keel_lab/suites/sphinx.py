@@ -143,7 +143,7 @@ index idx
         t = time.monotonic()
         out = self._run_indexer(conf, env, m)
         m["index_seconds"] = round(time.monotonic() - t, 2)
-        if "total %d docs" % ndocs not in out:
+        if f"total {ndocs} docs" not in out:
             raise SuiteError(f"indexer did not index {ndocs} documents:\n{out[-2000:]}")
 
         peaks = []
@@ -168,7 +168,8 @@ index idx
             f"ORDER BY attr, bm25), {clients} client processes for {secs:.0f}s per THP setting, "
             f"after one warm-up pass; a fresh searchd per setting.",
             f"THP: machine setting is '{machine_thp()}' (not changed). 'on' = that setting plus "
-            f"KEEL_THP=always (a variant's own KEEL_THP where it sets one); 'dense' = that setting plus KEEL_THP=dense; "
+            f"KEEL_THP=always (a variant's own KEEL_THP where it sets one); 'dense' = that setting "
+            f"plus KEEL_THP=dense; "
             f"'off' = prctl(PR_SET_THP_DISABLE) on searchd plus KEEL_THP=never. "
             f"With 'madvise', only memory the allocator madvises gets huge pages when on. "
             f"throughput/latency/rss_final_kib headline values are from THP {head}; "
@@ -233,7 +234,7 @@ index idx
         try:
             srv.start()
             r: dict = {}
-            state = thp_enabled(srv.pid)
+            state = thp_enabled(srv.run_pid)
             if thp == "off" and state not in (0, None):
                 raise SuiteError(f"PR_SET_THP_DISABLE did not take: searchd's THP_enabled is {state}")
             self.thp_state[thp] = state
@@ -244,7 +245,7 @@ index idx
                         c.query(q)
                     except Exception as e:
                         srv.check_alive("the warm-up queries")
-                        raise SuiteError(f"searchd: query {q!r} failed: {e}")
+                        raise SuiteError(f"searchd: query {q!r} failed: {e}") from None
             r["rss_after_warmup_kib"] = srv.rss_kib()
             outs = [work / f"worker-{thp}-{i}.json" for i in range(clients)]
             cmd = [sys.executable, "-m", "keel_lab.suites.sphinx", "worker", str(srv.port),
@@ -269,7 +270,7 @@ index idx
             srv.check_alive(f"the query run (THP {thp})")
             lat: list[float] = []
             errors, elapsed = 0, 0.0
-            for w, out in zip(workers, outs):
+            for w, out in zip(workers, outs, strict=True):
                 if w.returncode != 0 or not out.exists():
                     raise SuiteError(f"sphinx query worker failed ({w.returncode}):\n"
                                      f"{sv.log_tail(Path(str(out) + '.err'))}")
@@ -289,8 +290,8 @@ index idx
                 "p50_ms": percentile(lat, 0.50), "p95_ms": percentile(lat, 0.95),
                 "p99_ms": percentile(lat, 0.99),
                 "rss_peak_kib": samp.peak, "rss_final_kib": srv.rss_kib(),
-                "anon_huge_kib": sv.smaps_rollup_kib(srv.pid, "AnonHugePages"),
-                "vmhwm_kib": sv.proc_status_kib(srv.pid, "VmHWM"),
+                "anon_huge_kib": sv.smaps_rollup_kib(srv.run_pid, "AnonHugePages"),
+                "vmhwm_kib": sv.proc_status_kib(srv.run_pid, "VmHWM"),
                 "series": samp.samples,
             })
             return r

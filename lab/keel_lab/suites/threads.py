@@ -91,17 +91,38 @@ class ThreadsSuite(Suite):
             raise SuiteError(f"threads: blocks must be 0-{BLOCKS}, not {blocks}")
         return blocks
 
-    def check(self, ctx: SuiteContext) -> None:
+    def _number(self, ctx: SuiteContext, key: str, default, conv):
+        raw = ctx.options.get(key, default)
+        try:
+            v = conv(raw)
+        except (TypeError, ValueError):
+            v = None
+        if v is None or v < 0:
+            raise SuiteError(f"threads: option {key}={raw!r}: expected a number >= 0")
+        return v
+
+    def stack_kib(self, ctx: SuiteContext) -> int:
+        return self._number(ctx, "stack_kib", 256, int)
+
+    def settle_s(self, ctx: SuiteContext) -> float:
+        return self._number(ctx, "settle_ms", 150, float) / 1000
+
+    def check_options(self, ctx: SuiteContext) -> None:
         self.counts(ctx)
         self.blocks(ctx)
+        self.stack_kib(ctx)
+        self.settle_s(ctx)
+
+    def check(self, ctx: SuiteContext) -> None:
+        self.check_options(ctx)
         build_threads_park()
 
     def run(self, ctx: SuiteContext) -> dict:
         exe = build_threads_park()
         counts = self.counts(ctx)
-        stack_kib = int(ctx.options.get("stack_kib", 256))
+        stack_kib = self.stack_kib(ctx)
         blocks = self.blocks(ctx)
-        settle = float(ctx.options.get("settle_ms", 150)) / 1000
+        settle = self.settle_s(ctx)
         points, metrics, notes = [], {}, []
         for i, n in enumerate(counts):
             ctx.progress(f"{n} threads", i / len(counts))
@@ -138,18 +159,21 @@ class ThreadsSuite(Suite):
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              start_new_session=True)
         rd = LineReader(p)
+        stdin = p.stdin
         try:
+            if stdin is None:
+                raise RuntimeError("threads_park was started without a stdin pipe")
             self._expect(p, rd, "base", timeout, ctx.allocator.name)
             time.sleep(settle)
             base = read_vmrss_kib(p.pid)
-            p.stdin.write(b"go\n")
-            p.stdin.flush()
+            stdin.write(b"go\n")
+            stdin.flush()
             line = self._expect(p, rd, "parked", timeout, ctx.allocator.name)
             start_ms = int(line.split()[1]) / 1e6
             time.sleep(settle)
             parked = read_vmrss_kib(p.pid)
-            p.stdin.write(b"exit\n")
-            p.stdin.flush()
+            stdin.write(b"exit\n")
+            stdin.flush()
             self._expect(p, rd, "done", timeout, ctx.allocator.name)
             p.wait(timeout=timeout)
             if base is None or parked is None:
@@ -173,7 +197,8 @@ class ThreadsSuite(Suite):
                 p.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 pass
-            err = p.stderr.read().decode("utf-8", "replace").strip() if p.poll() is not None else ""
+            err = (p.stderr.read().decode("utf-8", "replace").strip()
+                   if p.poll() is not None and p.stderr is not None else "")
             raise SuiteError(f"threads: threads_park under {alloc} ended or misbehaved "
                              f"(wanted {word!r}, got {line!r}; {describe_exit(p.poll())})"
                              + (f": {err[-500:]}" if err else ""))
