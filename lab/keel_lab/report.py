@@ -236,6 +236,33 @@ def chart_phases(doc: dict, suite: str, order: list[str]) -> list[str]:
     return out
 
 
+# A metric's words for a reader: the raw key's parts, with these spelled out. The unit
+# comes from the suffix; KiB are shown in MiB.
+_WORDS = {"rss": "RSS", "thp": "THP", "kib": "", "mib": "", "ms": "", "us": "", "s": "",
+          "qps": "queries/s", "tps": "transactions/s", "rps": "requests/s", "p50": "p50",
+          "p95": "p95", "p99": "p99", "vmhwm": "VmHWM", "anon": "anonymous", "txn": "transaction",
+          "pct": "%", "geomean": "geometric mean", "b": "bytes"}
+_UNITS = (("_kib", "MiB", 1 / 1024), ("_mib", "MiB", 1.0), ("_ms", "ms", 1.0), ("_us", "µs", 1.0),
+          ("_s", "s", 1.0))
+
+
+def readable_metric(metric: str) -> tuple[str, str, float]:
+    """(label, unit, scale) of a raw metric key: rss_peak_kib -> ("RSS peak", "MiB", 1/1024)."""
+    unit, scale = "", 1.0
+    for suffix, u, f in _UNITS:
+        if metric.endswith(suffix):
+            unit, scale = u, f
+            break
+    words = [_WORDS.get(w, w) for w in re.split(r"[_.]", metric)]
+    label = " ".join(w for w in words if w).strip()
+    return (label[:1].upper() + label[1:]) if label else metric, unit, scale
+
+
+def _readable_label(metric: str) -> str:
+    label, unit, _ = readable_metric(metric)
+    return f"{label} ({unit})" if unit else label
+
+
 def chart_headline(ss: SuiteSummary, suite: str, order: list[str]) -> list[str]:
     ms = [m for k, _l in KINDS if (m := ss.headline.get(k)) and m in ss.metrics]
     ms = list(dict.fromkeys(ms))
@@ -245,11 +272,13 @@ def chart_headline(ss: SuiteSummary, suite: str, order: list[str]) -> list[str]:
     for ax, m in zip(axes[0], ms, strict=True):
         per = ss.metrics[m]
         allocs = [a for a in ss.allocators if a in per]
-        meds = [per[a].median for a in allocs]
-        errs = [[per[a].median - per[a].min for a in allocs], [per[a].max - per[a].median for a in allocs]]
+        scale = readable_metric(m)[2]   # the unit its title names (KiB shown as MiB)
+        meds = [per[a].median * scale for a in allocs]
+        errs = [[(per[a].median - per[a].min) * scale for a in allocs],
+                [(per[a].max - per[a].median) * scale for a in allocs]]
         ax.bar(allocs, meds, color=[_color(a, order) for a in allocs], yerr=errs, capsize=3)
         d = direction(m)
-        ax.set_title(f"{m}" + (f" ({d} is better)" if d else ""), fontsize=9)
+        ax.set_title(_readable_label(m) + (f", {d} is better" if d else ""), fontsize=9)
         ax.tick_params(axis="x", rotation=20)
     title = f"{suite}: headline metrics (median of rounds, bars = min-max)"
     fig.suptitle(title, fontsize=9)
@@ -352,6 +381,33 @@ def _table_html(ss: SuiteSummary) -> str:
             "above 10%.</p>")
 
 
+def _headline_table_html(ss: SuiteSummary) -> str:
+    """The suite's headline metrics with readable names and units: the table a reader
+    needs first (the full one is folded away below it)."""
+    ms = [m for m in dict.fromkeys(ss.headline.values()) if m in ss.metrics]
+    if not ms:
+        return ""
+    head = "".join(f"<th>{_e(a)}</th>" for a in ss.allocators)
+    rows = [f"<tr><th class=l>what</th><th class=l>better</th>{head}</tr>"]
+    for m in ms:
+        per = ss.metrics[m]
+        _label, _unit, scale = readable_metric(m)
+        cells = []
+        for a in ss.allocators:
+            st = per.get(a)
+            if st is None:
+                cells.append("<td>-</td>")
+                continue
+            txt = _e(fmt_value(st.median * scale if st.median is not None else None))
+            if st.ratio is not None:
+                txt += f' <span class=dim>x{st.ratio:.2f}</span>'
+            best = ss.best.get(m) == a and len(per) > 1
+            cells.append(f"<td{' class=best' if best else ''}>{txt}</td>")
+        rows.append(f"<tr><td class=l>{_e(_readable_label(m))}</td>"
+                    f"<td class='l dim'>{_e(direction(m) or '')}</td>" + "".join(cells) + "</tr>")
+    return (f'<table class=summary id="headline-{_slug(ss.name)}">' + "".join(rows) + "</table>")
+
+
 def _meta_html(doc: dict) -> str:
     m = doc.get("meta", {})
     mach = m.get("machine", {}) or {}
@@ -407,7 +463,7 @@ def _recommend_html(doc: dict) -> str:
             margin = f"{v['margin'] * 100:.1f}%" if v.get("margin") is not None else "-"
             noise = f"{v['noise'] * 100:.1f}%" if v.get("n", 0) > 1 else "?"
             parts.append(f"<tr><td class=l>{_e(r['suite'])}</td><td class=l>{_e(label)}</td>"
-                         f"<td class=l>{_e(v['metric'])}</td><td class=l><b>{_e(v['winner'])}</b>"
+                         f"<td class=l>{_e(_readable_label(v['metric']))}</td><td class=l><b>{_e(v['winner'])}</b>"
                          f"{' over ' + _e(v['runner_up']) if v.get('runner_up') else ''}</td>"
                          f"<td>{margin}</td><td>{noise}</td>"
                          f"<td class='l {cls}'>{_e(v['text'])}</td></tr>")
@@ -446,20 +502,29 @@ def render(doc: dict, source: str = "", charts: bool = True) -> str:
         bad = sum(ss.runs_failed.values())
         body.append(f"<p class=dim>{ok} successful run(s)"
                     f"{f', <span class=bad>{bad} failed</span>' if bad else ''}.</p>")
-        if ss.metrics:
-            body.append(f'<h3>Summary</h3>{_table_html(ss)}')
+        # The answer first: the headline chart and the headline metrics in words and
+        # units; every metric (raw names) and the other charts folded away below.
+        if charts:
+            head = chart_headline(ss, name, order)
+            if head:
+                body.append(f'<div class=charts id="headline-charts-{s}">' + "".join(head) + "</div>")
+        body.append(_headline_table_html(ss))
         figs = []
         if charts:
             pts = chart_points(doc, name, order)
             figs += pts
-            figs += chart_headline(ss, name, order)
             figs += chart_latency(ss, name, order)
             figs += chart_series(doc, name, order)
             figs += chart_phases(doc, name, order)
             figs += chart_detail(ss, name, order, has_points=bool(pts))
-        if figs:
-            body.append(f'<h3>Charts</h3><div class=charts id="charts-{s}">' + "".join(figs)
-                        + "</div>")
+        if ss.metrics or figs:
+            body.append(f'<details id="details-{s}"><summary>Every metric ({len(ss.metrics)}) and '
+                        f'{len(figs)} more chart(s)</summary>')
+            if ss.metrics:
+                body.append(_table_html(ss))
+            if figs:
+                body.append(f'<div class=charts id="charts-{s}">' + "".join(figs) + "</div>")
+            body.append("</details>")
         if ss.problems:
             body.append("<h3 class=bad>Problems</h3><ul>" +
                         "".join(f"<li class=bad>{_e(p)}</li>" for p in ss.problems) + "</ul>")

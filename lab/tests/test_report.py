@@ -122,6 +122,40 @@ def test_report_html_is_self_contained_and_has_every_chart(report_html):
     assert "7cec43e" in text                                  # Keel git revision
 
 
+def _outside_details(text: str) -> str:
+    return re.sub(r"<details.*?</details>", "", text, flags=re.S)
+
+
+def _metric_keys(results: Path) -> set[str]:
+    from keel_lab.summary import summarize
+    doc = json.loads(results.read_text())
+    return {m for ss in summarize(doc).values() for m in ss.metrics if "_" in m}
+
+
+def _check_answer_first(text: str, keys: set[str]) -> None:
+    """The verdict, then each suite's headline chart, then its folded details; no raw
+    metric key outside the folded parts."""
+    verdict = text.index('id="recommendations"')
+    first_chart = text.index('id="headline-charts-')
+    first_details = text.index("<details")
+    assert verdict < first_chart < first_details
+    outside = _outside_details(text)
+    shown = sorted(k for k in keys if re.search(rf"(?<![\w.]){re.escape(k)}(?![\w.])", outside))
+    assert not shown, f"raw metric keys outside the folded tables: {shown[:10]}"
+
+
+def test_report_answer_first(report_html):
+    _check_answer_first(report_html.read_text(), _metric_keys(report_html.with_name("results_small.json")))
+    assert "RSS peak (MiB)" in report_html.read_text() or "RSS (MiB)" in report_html.read_text()
+
+
+def test_readable_metric_names():
+    from keel_lab.report import readable_metric
+    assert readable_metric("rss_peak_kib") == ("RSS peak", "MiB", 1 / 1024)
+    assert readable_metric("thp_on_p99_ms") == ("THP on p99", "ms", 1.0)
+    assert readable_metric("thp_off_qps")[0] == "THP off queries/s"
+
+
 def test_report_in_headless_chromium(report_html, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser") or \
         shutil.which("google-chrome")
@@ -140,6 +174,7 @@ def test_report_in_headless_chromium(report_html, tmp_path):
     # the charts were parsed as SVG with content, not left as text
     assert dom.tags.get("path", 0) > 100 and dom.tags.get("text", 0) > 50
     assert dom.tags.get("table", 0) >= 5
+    _check_answer_first(r.stdout, _metric_keys(report_html.with_name("results_small.json")))
     shot = tmp_path / "shot.png"
     r = subprocess.run(cmd + ["--hide-scrollbars", "--window-size=1200,2400",
                               f"--screenshot={shot}", out.as_uri()], capture_output=True,
