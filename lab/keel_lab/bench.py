@@ -487,28 +487,37 @@ def summary_json(doc: dict) -> dict:
 
 def summary_tables(doc: dict, details: bool = False) -> list[Table]:
     """One rich table per suite: rows = metrics, columns = allocators; each cell is the
-    median, its ratio to the best allocator (x1.00 = best) and the spread of the runs."""
+    median, its ratio to the best allocator (x1.00 = best) and the spread of the runs.
+    Without details, the headline metrics in words and units (as the HTML report's
+    short table); with details, every metric under its raw name."""
+    from .report import largest_median, readable_metric
     tables = []
     meta = doc.get("meta", {})
     for name, ss in summarize(doc).items():
         n = meta.get("rounds", "?")
         t = Table(title=f"{name}: median of {n} round{'' if n == 1 else 's'}",
                   title_justify="left", show_lines=False)
-        t.add_column("metric", style="bold")
+        t.add_column("metric" if details else "what", style="bold")
         t.add_column("better", style="dim")
         for a in ss.allocators:
             t.add_column(a, justify="right")
-        shown = ss.ordered_metrics(details=details)
+        head = [m for m in dict.fromkeys(ss.headline.values()) if m in ss.metrics]
+        shown = ss.ordered_metrics(details=True) if details or not head else head
         for m in shown:
             per = ss.metrics[m]
             d = direction(m) or ""
+            label, unit, scale = readable_metric(m, largest_median(per))
+            if details or not head:
+                label, scale = m, 1.0
+            elif unit:
+                label += f" ({unit})"
             cells = []
             for a in ss.allocators:
                 st = per.get(a)
                 if st is None:
                     cells.append("[red]FAIL[/]" if ss.runs_failed.get(a) else "-")
                     continue
-                txt = fmt_value(st.median)
+                txt = fmt_value(st.median * scale if st.median is not None else None)
                 if st.ratio is not None:
                     txt += f" x{st.ratio:.2f}"
                 if len(st.values) > 1:
@@ -517,12 +526,12 @@ def summary_tables(doc: dict, details: bool = False) -> list[Table]:
                 if ss.best.get(m) == a and len(per) > 1:
                     txt = f"[green bold]{txt}[/]"
                 cells.append(txt)
-            t.add_row(m, d, *cells)
+            t.add_row(label, d, *cells)
         hidden = len(ss.metrics) - len(shown)
         caption = ["xN: N times the best (x1.00 = best, green); %: spread of the runs, "
                    "(max-min)/median, yellow above 10%"]
         if hidden:
-            caption.append(f"{hidden} per-item metric(s) not shown (--details)")
+            caption.append(f"{hidden} more metric(s): --details, or keel report")
         if ss.errors:
             caption.append(f"[red]{len(ss.errors)} error(s)[/]")
         if ss.problems:
@@ -535,6 +544,13 @@ def summary_tables(doc: dict, details: bool = False) -> list[Table]:
 
 
 def print_summary(doc: dict, console: Console, details: bool = False) -> None:
+    """The answer first (who wins, by how much, against the noise), then the tables."""
+    from .recommend import render_text
+    from .summary import ResultsError
+    try:
+        console.print(render_text(doc), markup=False, highlight=False)
+    except (ResultsError, KeyError, TypeError, ValueError):
+        pass  # the tables below still say what was measured
     for t in summary_tables(doc, details=details):
         console.print(t)
     for name, ss in summarize(doc).items():

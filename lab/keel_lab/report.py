@@ -246,21 +246,29 @@ _UNITS = (("_kib", "MiB", 1 / 1024), ("_mib", "MiB", 1.0), ("_ms", "ms", 1.0), (
           ("_s", "s", 1.0))
 
 
-def readable_metric(metric: str) -> tuple[str, str, float]:
-    """(label, unit, scale) of a raw metric key: rss_peak_kib -> ("RSS peak", "MiB", 1/1024)."""
+def readable_metric(metric: str, largest: Optional[float] = None) -> tuple[str, str, float]:
+    """(label, unit, scale) of a raw metric key: rss_peak_kib -> ("RSS peak", "MiB", 1/1024);
+    KiB stay KiB where the largest value is below a MiB."""
     unit, scale = "", 1.0
     for suffix, u, f in _UNITS:
         if metric.endswith(suffix):
             unit, scale = u, f
             break
+    if metric.endswith("_kib") and largest is not None and largest < 1024:
+        unit, scale = "KiB", 1.0
     words = [_WORDS.get(w, w) for w in re.split(r"[_.]", metric)]
     label = " ".join(w for w in words if w).strip()
     return (label[:1].upper() + label[1:]) if label else metric, unit, scale
 
 
-def _readable_label(metric: str) -> str:
-    label, unit, _ = readable_metric(metric)
+def _readable_label(metric: str, largest: Optional[float] = None) -> str:
+    label, unit, _ = readable_metric(metric, largest)
     return f"{label} ({unit})" if unit else label
+
+
+def largest_median(per: dict) -> Optional[float]:
+    meds = [st.median for st in per.values() if st.median is not None]
+    return max(meds) if meds else None
 
 
 def chart_headline(ss: SuiteSummary, suite: str, order: list[str]) -> list[str]:
@@ -272,13 +280,13 @@ def chart_headline(ss: SuiteSummary, suite: str, order: list[str]) -> list[str]:
     for ax, m in zip(axes[0], ms, strict=True):
         per = ss.metrics[m]
         allocs = [a for a in ss.allocators if a in per]
-        scale = readable_metric(m)[2]   # the unit its title names (KiB shown as MiB)
+        scale = readable_metric(m, largest_median(per))[2]   # the unit its title names
         meds = [per[a].median * scale for a in allocs]
         errs = [[(per[a].median - per[a].min) * scale for a in allocs],
                 [(per[a].max - per[a].median) * scale for a in allocs]]
         ax.bar(allocs, meds, color=[_color(a, order) for a in allocs], yerr=errs, capsize=3)
         d = direction(m)
-        ax.set_title(_readable_label(m) + (f", {d} is better" if d else ""), fontsize=9)
+        ax.set_title(_readable_label(m, largest_median(per)) + (f", {d} is better" if d else ""), fontsize=9)
         ax.tick_params(axis="x", rotation=20)
     title = f"{suite}: headline metrics (median of rounds, bars = min-max)"
     fig.suptitle(title, fontsize=9)
@@ -391,7 +399,7 @@ def _headline_table_html(ss: SuiteSummary) -> str:
     rows = [f"<tr><th class=l>what</th><th class=l>better</th>{head}</tr>"]
     for m in ms:
         per = ss.metrics[m]
-        _label, _unit, scale = readable_metric(m)
+        scale = readable_metric(m, largest_median(per))[2]
         cells = []
         for a in ss.allocators:
             st = per.get(a)
@@ -403,7 +411,7 @@ def _headline_table_html(ss: SuiteSummary) -> str:
                 txt += f' <span class=dim>x{st.ratio:.2f}</span>'
             best = ss.best.get(m) == a and len(per) > 1
             cells.append(f"<td{' class=best' if best else ''}>{txt}</td>")
-        rows.append(f"<tr><td class=l>{_e(_readable_label(m))}</td>"
+        rows.append(f"<tr><td class=l>{_e(_readable_label(m, largest_median(per)))}</td>"
                     f"<td class='l dim'>{_e(direction(m) or '')}</td>" + "".join(cells) + "</tr>")
     return (f'<table class=summary id="headline-{_slug(ss.name)}">' + "".join(rows) + "</table>")
 
