@@ -564,8 +564,8 @@ static bool borrowing(uint32_t* now, uint32_t* cold) {
   *now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
   /* Without the purger there is no clock for "cold". Under meshing the holes are left
    * to the mesher: a borrowed block makes the lender's pages denser, so fewer of them
-   * pair up once the program idles (redis-frag, 1 KiB values, held after idle: 332,956
-   * KiB meshing alone, 372,432 borrowing too). */
+   * pair up once the program idles (redis-frag held more with both than with meshing
+   * alone). */
   return *cold != 0 && !_keel_profiling &&
          __atomic_load_n(&_keel_options.mesh, __ATOMIC_RELAXED) == KEEL_MESH_OFF;
 }

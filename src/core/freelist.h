@@ -10,8 +10,7 @@
  * A link an overflow wrote (a plain pointer, or garbage) decodes to an address whose low
  * four bits are the key's - not a block start - unless the writer knew the key's low
  * bits (1 in 11); so does a link, or a list's end, with one of its low four bits flipped
- * (the fuzzer's corruption mode found a flipped end that decoded to a block start when
- * the key had a single low bit): malloc's fast path tests those bits where it used to test for NULL (an
+ * (hence at least two key bits: a flipped end decodes to the key with one bit changed): malloc's fast path tests those bits where it used to test for NULL (an
  * empty bin decodes to the key itself, so the same test sends it to the slow path), and
  * every slow path that follows a link checks them too and, where it reads the page map
  * anyway, that the block lies in a slab of the list's class. A failed check ends the

@@ -40,8 +40,7 @@ static unsigned longest_run(uint64_t m) {
  * dirty units at its start, else the lowest. Memory freed a moment ago is still
  * resident: a span that takes it costs no page faults and leaves the clean units clean,
  * where taking the lowest run spread a server's churn of large blocks and slabs over
- * every free unit of its chunks until the purge delay ran out (Sphinx searchd: 3 MiB
- * resident in free units at its peak). */
+ * every free unit of its chunks until the purge delay ran out. */
 static int find_run(uint64_t free_mask, uint64_t dirty_mask, size_t n, size_t align) {
   uint64_t m = free_mask;
   for (size_t i = 1; i < n && m; i++) m &= free_mask >> i;
@@ -483,12 +482,10 @@ static size_t purge_locked(bool all, uint64_t now) {
 /* Free units that may hold pages are purged once freed for the purge delay, and sooner
  * once there are more of them than an eighth of the units in spans (at least a MiB):
  * those freed more than an eighth of the delay ago, and a large block's units as it is
- * freed (as glibc unmaps its big blocks). A server that churns large blocks kept every
- * unit it had freed in the last second resident (Sphinx searchd: 3-5 MiB of free units
- * at its peak, with 10 MiB in spans; glibc's heap is 3-4 MiB smaller). A slab's units
- * wait: a program that takes and empties slabs in turn (bench/workset) reuses them
- * within milliseconds, and purging them at once cost it a fifth more time. Heap lock
- * held. */
+ * freed (as glibc unmaps its big blocks): a server that churns large blocks kept every
+ * unit it had freed in the last second resident (docs/design.md, "Giving memory back").
+ * A slab's units wait: a program that takes and empties slabs in turn reuses them within
+ * milliseconds. Heap lock held. */
 #define DIRTY_SHARE 8
 #define DIRTY_MIN_UNITS 16
 static uint64_t last_cap_ms;

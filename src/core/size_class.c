@@ -27,10 +27,8 @@ static bool fine; /* the heap has reached KEEL_FINE_CLASSES */
  *   div_magic  (offset * div_magic) >> 40 == offset / size for every slab offset.
  * Batches of about 8 KiB, bins of about 16 KiB: every class a thread uses can hold that
  * much in its cache, and a program or server with a hundred classes in use keeps that
- * much per class in each thread's bins and in the transfer cache. bench/ (5 alternated
- * runs each): going from 64 to 16 KiB batches cost no time and cut peak RSS 10 % in
- * geometric mean; from 16 to 8 KiB, 1 % more time and 6 % less peak RSS (prodcons 8.2 ->
- * 5.8 MiB, xthread 6.2 -> 5.5); 4 KiB cut another 5 % but cost 2-3 % (larson 8 %).
+ * much per class in each thread's bins and in the transfer cache: smaller batches cut peak
+ * RSS until 8 KiB, below which they cost time (docs/experiments.md).
  * Blocks above KEEL_CACHED_MAX are not cached at all (like jemalloc's tcache_max): each
  * is worth at least tens of KiB of touched memory, which in a cache stays resident, while
  * back in its slab its pages are purged once idle; and the central list's lock costs

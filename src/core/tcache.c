@@ -294,9 +294,7 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) {
    * borrowing) - one in this thread's own bin of that class if there is one. A program
    * that allocates and frees a block of a class that only ever borrowed gets back, each
    * time, the block it just freed, from its bin: without this each of those requests
-   * searched the lender's slabs under its lock (a malloc(1500)+free loop beside a
-   * fragmented 2,048-byte class: 6.8 ns a pair before borrowing existed, 42-48 ns
-   * searching the slabs each time, 12-13 ns from the bin). */
+   * searched the lender's slabs under its lock (several times slower a pair). */
   if (may_borrow && !_keel_central_slabs_have_free(cls) && (looked || !_keel_transfer_any(cls))) {
     unsigned lender = t != NULL ? _keel_central_lender_in(t->head, cls) : 0;
     if (lender != 0) return bin_pop(t, lender);

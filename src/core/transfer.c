@@ -32,8 +32,7 @@ static bool spread;             /* a second thread cache exists: use every line 
 
 /* A line per processor, at least four: past its own line a thread overflows onto the
  * others, so on two cores the two lines no core starts on are room for the bursts of a
- * class many threads trade in (xthread at 8 threads: 3.0 central locks per 1,000
- * malloc+free pairs with two lines, 0.3 with four). */
+ * class many threads trade in. */
 void _keel_transfer_init(void) {
   unsigned cpus = _keel_prim_cpu_count(), n = 4;
   while (n < cpus && n < KEEL_TRANSFER_LINES) n *= 2;
@@ -50,9 +49,8 @@ unsigned _keel_transfer_lines(void) {
 
 /* Batches (whole or half) one line of class k holds when `used` lines are in use: the
  * class's transfer_max while one thread cache uses the one line, as a lock-guarded cache
- * held; all seven slots once threads trade blocks. Capped at transfer_max per line, the
- * classes of 1-8 KiB (two batches each) sent xthread at 8 threads back to the slabs'
- * locks 8 times per 1,000 pairs instead of 0.3, at the same peak RSS. */
+ * held; all seven slots once threads trade blocks (capped at transfer_max, the classes
+ * of 1-8 KiB, two batches each, went back to the slabs' locks far more often). */
 static inline unsigned line_cap(const keel_class_t* k, unsigned used) {
   unsigned cap = used == 1 ? k->transfer_max : LINE_SLOTS;
   return cap < LINE_SLOTS ? cap : LINE_SLOTS;
