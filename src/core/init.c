@@ -22,7 +22,6 @@ void _keel_init(void) {
       _keel_fatal_internal(__FILE__, __LINE__, "OS page size larger than 64 KiB is not supported");
     _keel_options_init();
     _keel_classes_init();
-    _keel_transfer_init();
     _keel_free_key = (uintptr_t)_keel_prim_random() | 1;
     /* At least two of the low four bits set: an empty bin, a plain pointer written
      * over a link, and a list's end (stored 0) with one of those bits flipped all decode

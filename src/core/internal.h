@@ -355,8 +355,8 @@ uint64_t _keel_meta_bytes(void) KEEL_INTERNAL;
  * empties one with one exchange. */
 #define KEEL_TRANSFER_LINES 16
 #define KEEL_TRANSFER_SLOTS 8 /* the largest transfer_max (size_class.c) */
-void _keel_transfer_init(void) KEEL_INTERNAL;   /* start-up: lines from the processor count */
-void _keel_transfer_spread(void) KEEL_INTERNAL; /* a second thread cache exists: use every line */
+/* A second thread cache exists: count the processors, use every line from now on. */
+void _keel_transfer_spread(void) KEEL_INTERNAL;
 unsigned _keel_transfer_lines(void) KEEL_INTERNAL; /* lines in use now */
 /* Parks a list of a whole batch of class cls (half: half a batch); false if the lines the
  * thread may use are full. The class is active (central.c). */

@@ -40,8 +40,8 @@ static keel_tcache_t* spare = &first_cache; /* caches of exited threads, for reu
 static uint64_t live_caches;
 static uint64_t live_threads, total_threads; /* threads seen, young or with a cache */
 
-/* Slow start: a bin starts with room for one block and grows by one each time it runs
- * dry or overflows, up to a batch, then by batches up to its limit. A thread that
+/* Slow start: a bin starts with room for one block and doubles each time it runs dry or
+ * overflows, up to a batch, then grows by batches up to its limit. A thread that
  * allocates a little therefore takes only a little from the shared slabs (and touches
  * no other memory), while a busy thread reaches full batches after a few misses. */
 static uint32_t initial_max(unsigned cls) {
@@ -73,7 +73,8 @@ static void bin_grow(keel_tcache_t* t, unsigned cls) {
   uint32_t max = t->bin[cls].max;
   if (max >= k->bin_limit || _keel_options.check) return;
   if (max >= k->batch && bin_batch(k, cls) != k->batch) return; /* a small class */
-  uint32_t grow = max < k->batch ? (max == 0 ? 1 : max < k->batch - max ? max : k->batch - max) : k->batch;
+  uint32_t grow = k->batch; /* past a batch */
+  if (max < k->batch) grow = max == 0 ? 1 : max < k->batch - max ? max : k->batch - max; /* doubling */
   if (max + grow > k->bin_limit) grow = k->bin_limit - max;
   if (max >= k->batch && t->max_bytes + (size_t)grow * k->size > _keel_options.tcache_bytes)
     return;

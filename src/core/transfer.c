@@ -27,25 +27,28 @@ typedef struct transfer_line_s {
 _Static_assert(sizeof(transfer_line_t) == 64, "a transfer line is one cache line");
 
 static transfer_line_t lines[KEEL_TRANSFER_LINES][KEEL_NUM_CLASSES] KEEL_SPARSE_BSS __attribute__((aligned(4096)));
-static unsigned line_count = 1; /* power of two, set once at start-up (4..16) */
+static unsigned line_count = 1; /* power of two: 1, then 4..16 once the process spreads */
 static bool spread;             /* a second thread cache exists: use every line */
 
 /* A line per processor, at least four: past its own line a thread overflows onto the
  * others, so on two cores the two lines no core starts on are room for the bursts of a
- * class many threads trade in. */
-void _keel_transfer_init(void) {
+ * class many threads trade in. Counted when a second thread cache appears (the registry
+ * lock held), so a single-threaded process makes no system call for it; published
+ * before `spread`, which readers load first. */
+void _keel_transfer_spread(void) {
+  if (__atomic_load_n(&spread, __ATOMIC_ACQUIRE)) return;
   unsigned cpus = _keel_prim_cpu_count(), n = 4;
   while (n < cpus && n < KEEL_TRANSFER_LINES) n *= 2;
-  line_count = n;
-}
-
-void _keel_transfer_spread(void) {
-  if (!__atomic_load_n(&spread, __ATOMIC_RELAXED)) __atomic_store_n(&spread, true, __ATOMIC_RELAXED);
+  __atomic_store_n(&line_count, n, __ATOMIC_RELAXED);
+  __atomic_store_n(&spread, true, __ATOMIC_RELEASE);
 }
 
 unsigned _keel_transfer_lines(void) {
-  return __atomic_load_n(&spread, __ATOMIC_RELAXED) ? line_count : 1;
+  return __atomic_load_n(&spread, __ATOMIC_ACQUIRE) ? __atomic_load_n(&line_count, __ATOMIC_RELAXED) : 1;
 }
+
+/* Lines that may hold batches (the walks of the purger, statistics and tests). */
+static inline unsigned lines_filled(void) { return __atomic_load_n(&line_count, __ATOMIC_RELAXED); }
 
 /* Batches (whole or half) one line of class k holds when `used` lines are in use: the
  * class's transfer_max while one thread cache uses the one line, as a lock-guarded cache
@@ -125,7 +128,7 @@ bool _keel_transfer_any(unsigned cls) {
 
 void* _keel_transfer_take_idle(unsigned cls, uint32_t now, uint32_t idle_ticks, uint32_t* n) {
   const keel_class_t* k = &_keel_classes[cls];
-  for (unsigned i = 0; i < line_count; i++) {
+  for (unsigned i = 0, lines = lines_filled(); i < lines; i++) {
     transfer_line_t* l = line_of(i, cls);
     if (now - __atomic_load_n(&l->touched, __ATOMIC_RELAXED) < idle_ticks) continue;
     for (unsigned s = 0; s < LINE_SLOTS; s++) {
@@ -140,7 +143,7 @@ void* _keel_transfer_take_idle(unsigned cls, uint32_t now, uint32_t idle_ticks, 
 KEEL_COLD uint32_t _keel_transfer_blocks(unsigned cls) {
   const keel_class_t* k = &_keel_classes[cls];
   uint32_t blocks = 0;
-  for (unsigned i = 0; i < line_count; i++) {
+  for (unsigned i = 0, lines = lines_filled(); i < lines; i++) {
     const transfer_line_t* l = line_of(i, cls);
     for (unsigned s = 0; s < LINE_SLOTS; s++) {
       void* e = __atomic_load_n(&l->slot[s], __ATOMIC_RELAXED);
@@ -153,7 +156,7 @@ KEEL_COLD uint32_t _keel_transfer_blocks(unsigned cls) {
 
 KEEL_COLD void _keel_transfer_each(unsigned cls, void (*fn)(void* list, uint32_t n, void* ctx), void* ctx) {
   const keel_class_t* k = &_keel_classes[cls];
-  for (unsigned i = 0; i < line_count; i++) {
+  for (unsigned i = 0, lines = lines_filled(); i < lines; i++) {
     const transfer_line_t* l = line_of(i, cls);
     for (unsigned s = 0; s < LINE_SLOTS; s++) {
       void* e = __atomic_load_n(&l->slot[s], __ATOMIC_ACQUIRE);

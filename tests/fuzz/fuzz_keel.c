@@ -49,6 +49,7 @@
 #include <unistd.h>
 
 #include "core/internal.h" /* keel_pagemap_get: what Keel's page map says of a live block */
+#include "child_report.h"
 #include "keel_prefix.h"
 
 void _keel_prim_fail_maps(long count);
@@ -403,51 +404,45 @@ static void release(int slot, int how) {
   forget(slot);
 }
 
-/* Opcode 19's corruption trial (see the header): in a forked child, the link of a block
- * just freed into its bin is overwritten, then its class is allocated until the link is
+/* The corruption trial (see the header): in a forked child, the link of a block just
+ * freed into its bin is overwritten, then its class is allocated until the link is
  * followed; the child must die of SIGABRT with the free list named. */
 static unsigned long long corruptions;
+struct trial_s {
+  size_t n;
+  uint8_t how;
+  uint64_t value;
+};
+/* In the child: two blocks freed into their bin, the top one's link overwritten, then
+ * its class allocated until the link is followed. */
+static void corrupt_and_allocate(void* arg) {
+  const struct trial_s* t = (const struct trial_s*)arg;
+  void* a = keel_malloc(t->n);
+  void* b = keel_malloc(t->n);
+  unsigned cls = keel_pagemap_get(b);
+  if (a == NULL || b == NULL || cls == 0 || cls >= KEEL_NUM_CLASSES) _exit(77); /* not a bin's block */
+  keel_free(a);
+  keel_free(b);
+  if (t->how & 1) { /* an overflow's plain pointer (never 0: a list cut short is no corruption) */
+    uintptr_t forged = (uintptr_t)(t->value & ~(uint64_t)15);
+    if (forged == 0) forged = 16;
+    memcpy(b, &forged, sizeof forged);
+  } else { /* one of the link's low four bits flipped */
+    ((unsigned char*)b)[0] ^= (unsigned char)(1u << ((t->how >> 1) % 4));
+  }
+  for (int i = 0; i < 256; i++) keel_malloc(_keel_classes[cls].size);
+}
+
 static void corruption_trial(in_t* in) {
-  size_t n = 1 + u32(in) % 1024;
-  uint8_t how = u8(in);
-  uint64_t value = (uint64_t)u32(in) << 16 ^ u32(in);
-  int fds[2];
-  if (pipe(fds) != 0) return;
-  pid_t pid = fork();
-  if (pid == 0) {
-    signal(SIGABRT, SIG_DFL); /* the stop itself, not libFuzzer's crash handler */
-    dup2(fds[1], 2);
-    void* a = keel_malloc(n);
-    void* b = keel_malloc(n);
-    unsigned cls = keel_pagemap_get(b);
-    if (a == NULL || b == NULL || cls == 0 || cls >= KEEL_NUM_CLASSES) _exit(77); /* not a bin's block */
-    keel_free(a);
-    keel_free(b);
-    if (how & 1) { /* an overflow's plain pointer (never 0: a list cut short is no corruption) */
-      uintptr_t forged = (uintptr_t)(value & ~(uint64_t)15);
-      memcpy(b, &forged, sizeof forged);
-      if (forged == 0) memcpy(b, &(uintptr_t){16}, sizeof forged);
-    } else { /* one of the link's low four bits flipped */
-      ((unsigned char*)b)[0] ^= (unsigned char)(1u << ((how >> 1) % 4));
-    }
-    for (int i = 0; i < 256; i++) keel_malloc(_keel_classes[cls].size);
-    _exit(0);
-  }
-  close(fds[1]);
-  char report[512] = {0};
-  for (size_t len = 0; len < sizeof report - 1;) {
-    ssize_t r = read(fds[0], report + len, sizeof report - 1 - len);
-    if (r <= 0) break;
-    len += (size_t)r;
-  }
-  close(fds[0]);
-  int status = 0;
-  if (pid < 0 || waitpid(pid, &status, 0) != pid) return;
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) return;
+  struct trial_s t = {1 + u32(in) % 1024, u8(in), 0};
+  t.value = (uint64_t)u32(in) << 16 ^ u32(in);
+  char report[512];
+  int status = child_report(corrupt_and_allocate, &t, report, sizeof report);
+  if (status == -1 || (WIFEXITED(status) && WEXITSTATUS(status) == 77)) return;
   corruptions++;
   if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT && strstr(report, "free list of the") != NULL))
     FAIL("corrupted link (%s, size %zu) not stopped cleanly: status %#x, report: %s",
-         how & 1 ? "plain pointer" : "low bit flipped", n, status, report);
+         t.how & 1 ? "plain pointer" : "low bit flipped", t.n, status, report);
 }
 
 static int fits(size_t n) { return n < LIVE_CAP && live_bytes + n < LIVE_CAP; }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "child_report.h"
 #include "test.h"
 
 /* The platform layer's clock, process id and sleep (prim_linux.c) agree with libc's. */
@@ -527,25 +528,9 @@ static void test_half_batches(void) {
 /* Runs fn(arg) in a forked child; true if the child died of SIGABRT with a line on
  * stderr containing `words`. */
 static bool child_stops_with(void (*fn)(void*), void* arg, const char* words) {
-  int fds[2];
-  if (pipe(fds) != 0) return false;
-  pid_t pid = fork();
-  if (pid == 0) {
-    dup2(fds[1], 2);
-    fn(arg);
-    _exit(0);
-  }
-  close(fds[1]);
-  char report[512] = {0};
-  for (size_t len = 0; len < sizeof report - 1;) {
-    ssize_t r = read(fds[0], report + len, sizeof report - 1 - len);
-    if (r <= 0) break;
-    len += (size_t)r;
-  }
-  close(fds[0]);
-  int status = 0;
-  bool ok = pid > 0 && waitpid(pid, &status, 0) == pid && WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT &&
-            strstr(report, words) != NULL;
+  char report[512];
+  int status = child_report(fn, arg, report, sizeof report);
+  bool ok = status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT && strstr(report, words) != NULL;
   if (!ok) fprintf(stderr, "child's report: %s\n", report);
   return ok;
 }
