@@ -196,10 +196,10 @@ static keel_tcache_t* tcache_or_young(void) {
 void _keel_tcache_flush(keel_tcache_t* t) {
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     uint32_t batch = _keel_classes[cls].batch;
-    while (!keel_bin_empty(t, cls)) {
-      uint32_t n = 1;
-      for (void* q = keel_bin_first(t, cls); n < batch && (q = keel_link_next(q, cls)) != NULL;) n++;
+    for (uint32_t left = (uint32_t)(t->bin[cls].max - t->bin[cls].avail); left > 0;) {
+      uint32_t n = left < batch ? left : batch;
       _keel_central_give(cls, keel_bin_cut(t, cls, n), n);
+      left -= n;
     }
     t->bin[cls].max = initial_max(cls);
     t->bin[cls].avail = t->bin[cls].max;
@@ -306,7 +306,7 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) {
   if (!cached) return central_alloc_one(cls);
   if (keel_bin_empty(t, cls)) {
     uint32_t got;
-    void* list = looked ? _keel_central_take_slabs(cls, want, &got) : _keel_central_take(cls, want, &got);
+    void* list = _keel_central_take_slabs(cls, want, &got); /* the transfer cache was tried above */
     if (list == NULL) {
       _keel_prim_set_errno(_keel_prim_errno_enomem());
       return NULL;
