@@ -859,32 +859,22 @@ uint64_t _keel_central_carved_holes(void) { return __atomic_load_n(&carved_holes
 
 uint64_t _keel_central_borrowed_blocks(void) { return __atomic_load_n(&borrowed_blocks, __ATOMIC_RELAXED); }
 
-/* Returns block p to its slab; the central lock of cls is held. */
-static void slab_put(keel_central_t* cl, unsigned cls, void* p) {
+/* Lock held: the n blocks of mask (bits of bitmap word w of slab s, all checked to be
+ * out of the slab) come back. */
+static void slab_put_bits(keel_central_t* cl, unsigned cls, keel_slab_t* s, unsigned w, uint64_t mask, unsigned n) {
   const keel_class_t* k = &_keel_classes[cls];
-  keel_slab_t* s = slab_of(p);
-  long idx = s->state == KEEL_UNIT_SLAB && s->cls == cls ? block_index(cls, s, p) : -1;
-  if (idx < 0) {
-    keel_unlock(&cl->lock);
-    _keel_misuse("free", "invalid pointer", p, ": not the start of a block", k->size);
-  }
-  /* A block in a word never written was never handed out: reported as free. */
-  uint64_t bit = (uint64_t)1 << (idx % 64);
-  if (keel_slab_word(s, k->count, (unsigned)(idx / 64)) & bit) {
-    keel_unlock(&cl->lock);
-    _keel_misuse("free", "double free of pointer", p, NULL, k->size);
-  }
   if (s->row == 0 && s->ready > 1) slab_rows_restore(s, k);
-  KEEL_SLAB_BITS(s, idx / 64) |= bit;
+  KEEL_SLAB_BITS(s, w) |= mask;
   s->needs_trim = 1;
   uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
   s->put_tick = now;
-  if ((uint32_t)(idx / 64) < s->scan) s->scan = (uint16_t)(idx / 64);
-  s->used--;
-  cl->out--;
+  if (w < s->scan) s->scan = (uint16_t)w;
+  s->used = (uint16_t)(s->used - n);
+  cl->out -= n;
   uint32_t cold = __atomic_load_n(&cold_ticks, __ATOMIC_RELAXED);
   if (KEEL_UNLIKELY(cold != 0 && now - __atomic_load_n(&cl->take_tick, __ATOMIC_RELAXED) >= cold) && s->used > 0 && purge_allowed(s))
-    purge_pages_of_block(k, s, (size_t)idx);
+    for (uint64_t m = mask; m != 0; m &= m - 1)
+      purge_pages_of_block(k, s, (size_t)w * 64 + (size_t)__builtin_ctzll(m));
   if (s->used == 0) {
     /* Keep a lone empty slab: releasing it would make a class that is used a little
      * at a time create and destroy the same slab over and over. */
@@ -901,12 +891,64 @@ static void slab_put(keel_central_t* cl, unsigned cls, void* p) {
   if (!s->in_partial) partial_push(cl, s);
 }
 
-/* Lock held: every block of a list goes back to its slab. */
+/* Lock held: block p of class cls, its slab and its index, or a stop naming the bad free. */
+static keel_slab_t* slab_of_block(keel_central_t* cl, unsigned cls, const void* p, size_t* idx) {
+  keel_slab_t* s = slab_of(p);
+  long i = s->state == KEEL_UNIT_SLAB && s->cls == cls ? block_index(cls, s, p) : -1;
+  if (i < 0) {
+    keel_unlock(&cl->lock);
+    _keel_misuse("free", "invalid pointer", p, ": not the start of a block", _keel_classes[cls].size);
+  }
+  *idx = (size_t)i;
+  return s;
+}
+
+static KEEL_COLD _Noreturn void double_free(keel_central_t* cl, unsigned cls, const void* p) {
+  keel_unlock(&cl->lock);
+  _keel_misuse("free", "double free of pointer", p, NULL, _keel_classes[cls].size);
+}
+
+/* Returns block p to its slab; the central lock of cls is held. */
+static void slab_put(keel_central_t* cl, unsigned cls, void* p) {
+  size_t idx;
+  keel_slab_t* s = slab_of_block(cl, cls, p, &idx);
+  /* A block in a word never written was never handed out: reported as free. */
+  uint64_t bit = (uint64_t)1 << (idx % 64);
+  if (keel_slab_word(s, _keel_classes[cls].count, (unsigned)(idx / 64)) & bit) double_free(cl, cls, p);
+  slab_put_bits(cl, cls, s, (unsigned)(idx / 64), bit, 1);
+}
+
+/* Lock held: every block of a list goes back to its slab. A batch mostly holds blocks
+ * that lie side by side (taken from a slab in order, freed in or against that order):
+ * the blocks of one bitmap word that follow each other on the list are checked against
+ * the word and each other and put back together, with one page-map look-up. */
 static void put_list(keel_central_t* cl, unsigned cls, void* list) {
+  const keel_class_t* k = &_keel_classes[cls];
   while (list != NULL) {
-    void* next = list_next(list, cls);
-    slab_put(cl, cls, list);
-    list = next;
+    void* p = list;
+    size_t idx;
+    keel_slab_t* s = slab_of_block(cl, cls, p, &idx);
+    unsigned w = (unsigned)(idx / 64);
+    uintptr_t first = (uintptr_t)slab_base(keel_chunk_of(s), s) + (size_t)w * 64 * k->size;
+    uintptr_t span = (uintptr_t)(k->count - w * 64 < 64 ? k->count - w * 64 : 64) * k->size;
+    uint64_t word = keel_slab_word(s, k->count, w), mask = 0;
+    unsigned n = 0;
+    for (;; n++) {
+      uint64_t bit = (uint64_t)1 << (idx % 64);
+      if ((word | mask) & bit) double_free(cl, cls, p);
+      mask |= bit;
+      void* next = keel_link_next(p, cls);
+      uintptr_t off = (uintptr_t)next - first;
+      uint64_t j = ((uint64_t)off * k->div_magic) >> 40;
+      if (next == NULL || off >= span || j * k->size != off) {
+        /* Off this word: the page map vouches for the class (list_next). */
+        list = next != NULL ? list_next(p, cls) : NULL;
+        break;
+      }
+      p = next;
+      idx = (size_t)w * 64 + j;
+    }
+    slab_put_bits(cl, cls, s, w, mask, n + 1);
   }
 }
 
