@@ -8,8 +8,10 @@
 #   bash bench/many_cores.sh run DIR OUT [THREADS] # there: run.py, 3 alternated rounds per
 #                                                  # thread count, JSON and tables under OUT
 #
-# The run takes about 5-7 minutes on 16 cores (one run of a program is cut at 30 s: gperftools'
-# tcmalloc took 52 s on producer/consumer at 16 threads). The allocator libraries come
+# Each program's work is shared among its threads, so the scale grows with the thread
+# count (threads/4: a run lasts about as long at 4, 8 and 16 threads) and the most
+# threads go first. One run of a program is cut at 10 s (gperftools' tcmalloc took 52 s
+# on a public producer/consumer program at 16 threads). The allocator libraries come
 # from the packing machine, so the comparison is the same Debian versions everywhere;
 # glibc is the one the run machine has (say which in the note).
 set -euo pipefail
@@ -37,7 +39,7 @@ case "$cmd" in
   run)
     dir=$(cd "${2:?usage: many_cores.sh run DIR OUT [THREADS]}" && pwd)
     out=${3:?usage: many_cores.sh run DIR OUT [THREADS]}
-    threads=${4:-4,8,16}
+    threads=${4:-16,8,4}
     mkdir -p "$out"
     allocs="glibc"
     for pair in jemalloc=libjemalloc.so.2 tcmalloc=libtcmalloc_minimal.so.4 mimalloc=libmimalloc.so.2 \
@@ -45,12 +47,11 @@ case "$cmd" in
       [[ -f "$dir/lib/${pair#*=}" ]] && allocs+=",${pair%%=*}=$dir/lib/${pair#*=}"
     done
     progs=$(awk '!/^#/ && $2 == "yes" {printf "%s%s", sep, $1; sep=","}' "$here/bench/programs.txt")
-    nproc > "$out/cpus.txt"
-    ldd --version 2>&1 | head -1 >> "$out/cpus.txt"
+    { nproc; ldd --version 2>&1 | head -1; uname -r; grep -m1 'model name' /proc/cpuinfo; } > "$out/cpus.txt"
     for t in ${threads//,/ }; do
       python3 "$here/bench/run.py" --bench-dir "$dir/bench" --allocators "$allocs" --programs "$progs" \
-        --threads "$t" --runs 3 --timeout 30 --skip-missing --no-lock --json "$out/threads-$t.json" \
-        2>&1 | tee "$out/threads-$t.txt"
+        --threads "$t" --scale "$(awk -v t="$t" 'BEGIN { print (t < 4 ? 1 : t / 4) }')" --runs 3 \
+        --timeout 10 --skip-missing --no-lock --json "$out/threads-$t.json" 2>&1 | tee "$out/threads-$t.txt"
     done
     ;;
   *)
