@@ -47,7 +47,7 @@ case "$cmd" in
       [[ -f "$dir/lib/${pair#*=}" ]] && allocs+=",${pair%%=*}=$dir/lib/${pair#*=}"
     done
     progs=$(awk '!/^#/ && $2 == "yes" {printf "%s%s", sep, $1; sep=","}' "$here/bench/programs.txt")
-    { nproc; ldd --version 2>&1 | head -1; uname -r; grep -m1 'model name' /proc/cpuinfo; } > "$out/cpus.txt"
+    { nproc; ldd --version 2>&1 | sed -n 1p; uname -r; grep -m1 'model name' /proc/cpuinfo; } > "$out/cpus.txt"
     for t in ${threads//,/ }; do
       python3 "$here/bench/run.py" --bench-dir "$dir/bench" --allocators "$allocs" --programs "$progs" \
         --threads "$t" --scale "$(awk -v t="$t" 'BEGIN { print (t < 4 ? 1 : t / 4) }')" --runs 3 \

@@ -246,52 +246,84 @@ static inline void* list_finish(list_builder_t* lb, unsigned cls) {
   return keel_link_decode(lb->head, "malloc", cls, &lb->head);
 }
 
-/* Appends block `index` of the slab at base to the list being built. */
-static void link_block(char* base, size_t index, uint32_t size, list_builder_t* lb) {
-  void* obj = base + index * size;
-  *lb->tail = keel_link_encode(obj);
-  lb->tail = (uintptr_t*)obj;
+/* Blocks taken from slabs under the class lock, as runs of one bitmap word each. They
+ * are linked into a list after the lock is released: they are the taker's by then, and
+ * writing a link into each block is most of a take's memory traffic. */
+#define TAKEN_RUNS 32u
+typedef struct taken_s {
+  unsigned runs;
+  uint32_t size;
+  struct {
+    uintptr_t first; /* address of the word's block 0 */
+    uint64_t bits;   /* the blocks taken */
+  } run[TAKEN_RUNS];
+} taken_t;
+
+static inline void taken_start(taken_t* t, const keel_class_t* k) {
+  t->runs = 0;
+  t->size = k->size;
+}
+
+static inline bool taken_full(const taken_t* t) { return t->runs == TAKEN_RUNS; }
+
+static inline void taken_add(taken_t* t, char* base, unsigned w, uint64_t bits) {
+  t->run[t->runs].first = (uintptr_t)base + (uintptr_t)w * 64 * t->size;
+  t->run[t->runs].bits = bits;
+  t->runs++;
+}
+
+/* No lock: the taken blocks as a list, in slab order. */
+static void* taken_link(const taken_t* t, unsigned cls) {
+  list_builder_t lb;
+  list_start(&lb);
+  for (unsigned r = 0; r < t->runs; r++)
+    for (uint64_t m = t->run[r].bits; m != 0; m &= m - 1) {
+      void* obj = (void*)(t->run[r].first + (uintptr_t)__builtin_ctzll(m) * t->size);
+      *lb.tail = keel_link_encode(obj);
+      lb.tail = (uintptr_t*)obj;
+    }
+  return list_finish(&lb, cls);
 }
 
 /* Takes want (< a group) blocks from one wholly free group, if the slab has one. */
-static uint32_t slab_take_alone(keel_slab_t* s, const keel_class_t* k, uint32_t want, list_builder_t* tail) {
+static uint32_t slab_take_alone(keel_slab_t* s, const keel_class_t* k, uint32_t want, taken_t* taken) {
   char* base = (char*)slab_base(keel_chunk_of(s), s);
   unsigned words = keel_class_words(k);
   for (unsigned w = s->scan; w < words; w++) {
     uint64_t* bits = slab_bits(s, k, w);
     int b = free_group(*bits, k->size);
     if (b < 0) continue;
-    for (uint32_t i = 0; i < want; i++) {
-      link_block(base, (size_t)w * 64 + (unsigned)b + i, k->size, tail);
-      *bits &= ~((uint64_t)1 << (b + (int)i));
-    }
+    uint64_t mask = (((uint64_t)1 << want) - 1) << b;
+    *bits &= ~mask;
+    taken_add(taken, base, w, mask);
     s->used += want;
     return want;
   }
   return 0;
 }
 
-/* Moves up to `want` free blocks of slab s onto the list being built; returns how many. */
-static uint32_t slab_take(keel_slab_t* s, unsigned cls, uint32_t want, list_builder_t* tail) {
+/* Takes up to `want` free blocks of slab s; returns how many (fewer once taken is full). */
+static uint32_t slab_take(keel_slab_t* s, unsigned cls, uint32_t want, taken_t* taken) {
   const keel_class_t* k = &_keel_classes[cls];
   if (k->size < 64 && want * k->size < 64) {
-    uint32_t got = slab_take_alone(s, k, want, tail);
+    uint32_t got = slab_take_alone(s, k, want, taken);
     if (got) return got;
   }
   char* base = (char*)slab_base(keel_chunk_of(s), s);
   unsigned words = keel_class_words(k);
   uint32_t got = 0;
   unsigned w = s->scan;
-  for (; w < words && got < want; w++) {
+  for (; w < words && got < want && !taken_full(taken); w++) {
     uint64_t* word = slab_bits(s, k, w);
-    uint64_t bits = *word;
+    uint64_t bits = *word, mask = 0;
     while (bits && got < want) {
-      unsigned b = (unsigned)__builtin_ctzll(bits);
-      bits &= bits - 1;
-      link_block(base, (size_t)w * 64 + b, k->size, tail);
+      uint64_t low = bits & (~bits + 1);
+      mask |= low;
+      bits ^= low;
       got++;
     }
     *word = bits;
+    if (mask != 0) taken_add(taken, base, w, mask);
     if (bits) break;
   }
   s->scan = (uint16_t)w;
@@ -354,11 +386,11 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
 void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
   const keel_class_t* k = &_keel_classes[cls];
   keel_central_t* cl = lock_class(cls);
-  list_builder_t list;
-  list_start(&list);
+  taken_t taken;
+  taken_start(&taken, k);
   uint32_t n = 0;
   bool grew = false;
-  while (n < want) {
+  while (n < want && !taken_full(&taken)) {
     keel_slab_t* s = cl->partial;
     if (s == NULL && unpark_one(cl, cls)) continue;
     if (s == NULL) {
@@ -367,14 +399,14 @@ void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
       grew = true;
       partial_push(cl, s);
     }
-    n += slab_take(s, cls, want - n, &list);
+    n += slab_take(s, cls, want - n, &taken);
     if (s->used == k->count) slab_became_full(cl, s, k);
   }
   if (n > 0) stamp_take(cl);
-  void* head = list_finish(&list, cls);
   cl->out += n;
   bool exhausted = cl->partial == NULL;
   keel_unlock(&cl->lock);
+  void* head = taken_link(&taken, cls);
   *got = n;
   if (KEEL_UNLIKELY(grew))
     _keel_classes_slabs_grew(__atomic_load_n(&slab_units, __ATOMIC_RELAXED) << KEEL_UNIT_SHIFT);
@@ -392,17 +424,15 @@ KEEL_COLD void* _keel_central_take_sampled(unsigned cls) {
   keel_central_t* cl = lock_class(cls);
   keel_slab_t* s = cl->sampled_partial;
   if (s == NULL && (s = slab_new(cls, true)) != NULL) partial_push(cl, s);
-  void* head = NULL;
+  taken_t taken;
+  taken_start(&taken, &_keel_classes[cls]);
   if (s != NULL) {
-    list_builder_t list;
-    list_start(&list);
-    slab_take(s, cls, 1, &list);
-    head = list_finish(&list, cls);
+    slab_take(s, cls, 1, &taken);
     if (s->used == _keel_classes[cls].count) slab_became_full(cl, s, &_keel_classes[cls]);
     cl->out++;
   }
   keel_unlock(&cl->lock);
-  return head;
+  return taken_link(&taken, cls);
 }
 
 /* Index of block p in its slab, or -1 if p is not the start of a block. */
@@ -891,20 +921,21 @@ static void slab_put_bits(keel_central_t* cl, unsigned cls, keel_slab_t* s, unsi
   if (!s->in_partial) partial_push(cl, s);
 }
 
-/* Lock held: block p of class cls, its slab and its index, or a stop naming the bad free. */
-static keel_slab_t* slab_of_block(keel_central_t* cl, unsigned cls, const void* p, size_t* idx) {
+/* Block p of class cls, its slab and its index, or a stop naming the bad free (cl's
+ * lock released first if held). */
+static keel_slab_t* slab_of_block(keel_central_t* held, unsigned cls, const void* p, size_t* idx) {
   keel_slab_t* s = slab_of(p);
   long i = s->state == KEEL_UNIT_SLAB && s->cls == cls ? block_index(cls, s, p) : -1;
   if (i < 0) {
-    keel_unlock(&cl->lock);
+    if (held != NULL) keel_unlock(&held->lock);
     _keel_misuse("free", "invalid pointer", p, ": not the start of a block", _keel_classes[cls].size);
   }
   *idx = (size_t)i;
   return s;
 }
 
-static KEEL_COLD _Noreturn void double_free(keel_central_t* cl, unsigned cls, const void* p) {
-  keel_unlock(&cl->lock);
+static KEEL_COLD _Noreturn void double_free(keel_central_t* held, unsigned cls, const void* p) {
+  if (held != NULL) keel_unlock(&held->lock);
   _keel_misuse("free", "double free of pointer", p, NULL, _keel_classes[cls].size);
 }
 
@@ -918,24 +949,36 @@ static void slab_put(keel_central_t* cl, unsigned cls, void* p) {
   slab_put_bits(cl, cls, s, (unsigned)(idx / 64), bit, 1);
 }
 
-/* Lock held: every block of a list goes back to its slab. A batch mostly holds blocks
- * that lie side by side (taken from a slab in order, freed in or against that order):
- * the blocks of one bitmap word that follow each other on the list are checked against
- * the word and each other and put back together, with one page-map look-up. */
-static void put_list(keel_central_t* cl, unsigned cls, void* list) {
+/* A list going back to its slabs is put in two steps: without the lock, its blocks are
+ * grouped into runs of one bitmap word of one slab (a batch mostly holds blocks side by
+ * side, taken from a slab in order and freed in or against that order), every link
+ * decoded and checked; under the lock, each run is checked against its word and put
+ * back with one update of the slab. The lock is held for the bitmap work alone. */
+#define PUT_RUNS 32u
+typedef struct put_run_s {
+  keel_slab_t* slab;
+  uint64_t mask; /* the run's blocks, as bits of the word */
+  uint32_t word;
+  uint32_t n;
+} put_run_t;
+
+/* Groups list into at most PUT_RUNS runs; returns what is left of it. A block twice in
+ * a run is a double free; held is the class's central list if its lock is held. */
+static void* group_list(keel_central_t* held, unsigned cls, void* list, put_run_t* runs, unsigned* nruns) {
   const keel_class_t* k = &_keel_classes[cls];
-  while (list != NULL) {
+  unsigned r = 0;
+  while (list != NULL && r < PUT_RUNS) {
     void* p = list;
     size_t idx;
-    keel_slab_t* s = slab_of_block(cl, cls, p, &idx);
+    keel_slab_t* s = slab_of_block(held, cls, p, &idx);
     unsigned w = (unsigned)(idx / 64);
     uintptr_t first = (uintptr_t)slab_base(keel_chunk_of(s), s) + (size_t)w * 64 * k->size;
     uintptr_t span = (uintptr_t)(k->count - w * 64 < 64 ? k->count - w * 64 : 64) * k->size;
-    uint64_t word = keel_slab_word(s, k->count, w), mask = 0;
-    unsigned n = 0;
+    uint64_t mask = 0;
+    unsigned n = 1;
     for (;; n++) {
       uint64_t bit = (uint64_t)1 << (idx % 64);
-      if ((word | mask) & bit) double_free(cl, cls, p);
+      if (mask & bit) double_free(held, cls, p);
       mask |= bit;
       void* next = keel_link_next(p, cls);
       uintptr_t off = (uintptr_t)next - first;
@@ -948,7 +991,34 @@ static void put_list(keel_central_t* cl, unsigned cls, void* list) {
       p = next;
       idx = (size_t)w * 64 + j;
     }
-    slab_put_bits(cl, cls, s, w, mask, n + 1);
+    runs[r++] = (put_run_t){s, mask, w, n};
+  }
+  *nruns = r;
+  return list;
+}
+
+/* Lock held: the runs go back to their slabs. A run's slab was a slab of cls when it was
+ * grouped, and stays one while any block of it is out; one that a run before emptied
+ * and released means a block came back twice. */
+static void put_runs(keel_central_t* cl, unsigned cls, const put_run_t* runs, unsigned nruns) {
+  const keel_class_t* k = &_keel_classes[cls];
+  for (unsigned r = 0; r < nruns; r++) {
+    keel_slab_t* s = runs[r].slab;
+    uint64_t twice = s->state == KEEL_UNIT_SLAB && s->cls == cls ? keel_slab_word(s, k->count, runs[r].word) & runs[r].mask
+                                                                 : runs[r].mask;
+    if (KEEL_UNLIKELY(twice != 0))
+      double_free(cl, cls, (char*)slab_base(keel_chunk_of(s), s) + ((size_t)runs[r].word * 64 + (size_t)__builtin_ctzll(twice)) * k->size);
+    slab_put_bits(cl, cls, s, runs[r].word, runs[r].mask, runs[r].n);
+  }
+}
+
+/* Lock held: every block of a list goes back to its slab. */
+static void put_list(keel_central_t* cl, unsigned cls, void* list) {
+  put_run_t runs[PUT_RUNS];
+  unsigned n;
+  while (list != NULL) {
+    list = group_list(cl, cls, list, runs, &n);
+    put_runs(cl, cls, runs, n);
   }
 }
 
@@ -957,9 +1027,14 @@ void _keel_central_give(unsigned cls, void* list, uint32_t n) {
   if (k->transfer_max > 0 && (n == k->batch || n == half_of(k)) && _keel_transfer_put(cls, list, n != k->batch))
     return;
   keel_central_t* cl = keel_central_of(cls);
-  keel_lock(&cl->lock);
-  put_list(cl, cls, list);
-  keel_unlock(&cl->lock);
+  put_run_t runs[PUT_RUNS];
+  unsigned nruns;
+  while (list != NULL) {
+    list = group_list(NULL, cls, list, runs, &nruns);
+    keel_lock(&cl->lock);
+    put_runs(cl, cls, runs, nruns);
+    keel_unlock(&cl->lock);
+  }
 }
 
 struct find_s {
