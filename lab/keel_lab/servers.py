@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from .allocators import Allocator
 from .measure import proc_kib
-from .suites.base import SuiteError
+from .errors import SuiteError
 
 LOG_TAIL_LINES = 40
 

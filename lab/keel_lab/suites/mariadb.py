@@ -7,13 +7,12 @@ import os
 import re
 import subprocess
 
-# servers is imported as a module, names looked up at run time: keel_lab.servers
-# imports keel_lab.suites (for SuiteError), which imports this module.
 from .. import cachesim
 from .. import servers as sv
+from ..measure import geomean
 from .base import (HELD_NOTE, MESH_STATS_NOTE, Suite, SuiteContext, SuiteError, cpu_us_per_txn,
-                   held_metrics, mesh_estimate_metrics, mesh_stats_metrics, published_mesh_stats)
-from .redis import geomean, opt_float, opt_list, opt_env, size_mode
+                   held_metrics, mesh_estimate_metrics, mesh_stats_metrics, opt_env, opt_float,
+                   opt_list, published_mesh_stats, size_mode)
 
 
 def parse_sysbench(text: str) -> dict:

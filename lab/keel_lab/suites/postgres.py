@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import re
 
-# servers is imported as a module, names looked up at run time: keel_lab.servers
-# imports keel_lab.suites (for SuiteError), which imports this module.
 from .. import servers as sv
-from .base import Suite, SuiteContext, SuiteError, cpu_us_per_txn
-from .redis import geomean, opt_float, opt_list, opt_env, size_mode
+from ..measure import geomean
+from .base import (Suite, SuiteContext, SuiteError, cpu_us_per_txn, opt_env, opt_float, opt_list,
+                   size_mode)
 
 
 # pgbench's report: key, type, the patterns tried in turn (the first that matches counts)

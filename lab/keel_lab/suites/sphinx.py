@@ -25,11 +25,8 @@ from typing import Optional
 
 from .. import paths
 from ..corpus import CORPUS_VERSION, Corpus
-# servers is imported as a module, names looked up at run time: keel_lab.servers
-# imports keel_lab.suites (for SuiteError), which imports this module.
 from .. import servers as sv
-from .base import Suite, SuiteContext, SuiteError
-from .redis import opt_bool, opt_float, opt_list, opt_env, size_mode
+from .base import Suite, SuiteContext, SuiteError, opt_bool, opt_env, opt_float, opt_list, size_mode
 
 THP_SYSFS = "/sys/kernel/mm/transparent_hugepage/enabled"
 # Each THP setting of the suite and the KEEL_THP policy Keel runs under in it.
