@@ -14,7 +14,9 @@ kernel charges the process for; with children=True the RSS of all descendants is
 
     memory_held_kib(pid)   # RssAnon + RssFile + RssShmem, Keel's meshed pages counted once
     mesh_views(pid)        # mappings of Keel's mesh memfd (0 without meshing)
-    pss_kib(pid)           # Pss from /proc/PID/smaps_rollup
+
+The single figures (VmRSS, Pss, any /proc/PID/status field, summed over a process tree)
+are read by keel_lab.procfs.
 
 Under Keel with KEEL_MESH=on, VmRSS counts a meshed page once per virtual page mapping
 it, so it does not fall when meshing gives memory back: compare memory_held_kib then.
@@ -31,35 +33,7 @@ from collections.abc import Iterable, Sequence
 
 import psutil
 
-
-def proc_kib(path: str, field: str, absent: Optional[int] = None) -> Optional[int]:
-    """The value of a "FIELD:  N kB" line of a /proc file (status, smaps_rollup) in KiB:
-    None if the file cannot be read (the process is gone), `absent` if it has no such line."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return absent
-
-
-def read_vmrss_kib(pid: int) -> Optional[int]:
-    """VmRSS of one process in KiB, or None if it is gone (or a zombie: no VmRSS)."""
-    return proc_kib(f"/proc/{pid}/status", "VmRSS")
-
-
-def read_vmhwm_kib(pid: int) -> Optional[int]:
-    """VmHWM (the kernel's own RSS high-water mark) of one process in KiB, or None."""
-    return proc_kib(f"/proc/{pid}/status", "VmHWM")
-
-
-def pss_kib(pid: int) -> Optional[int]:
-    """Pss of one process in KiB (/proc/PID/smaps_rollup: each page divided by the number
-    of processes mapping it), or None if it is gone. Under Keel's meshing it under-counts:
-    a view that was not read since its page was meshed is not mapped at all."""
-    return proc_kib(f"/proc/{pid}/smaps_rollup", "Pss")
+from .procfs import rss_kib, tree_kib
 
 
 # Keel's meshing (docs/meshing.md; KEEL_MESH=on) makes several virtual pages MAP_PRIVATE
@@ -183,29 +157,6 @@ def memory_held_kib(pid: int) -> Optional[int]:
     return anon + file_ + shmem + memfd // 1024
 
 
-def descendants(pid: int) -> list[int]:
-    try:
-        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return []
-
-
-def tree_rss_kib(pid: int, children: bool = True) -> Optional[int]:
-    """RSS of pid (plus its descendants); None if pid is gone."""
-    own = read_vmrss_kib(pid)
-    if own is None and not children:
-        return None
-    total = own or 0
-    alive = own is not None
-    if children:
-        for c in descendants(pid):
-            r = read_vmrss_kib(c)
-            if r is not None:
-                total += r
-                alive = True
-    return total if alive else None
-
-
 class RssSampler:
     """Samples the RSS of a process (and optionally its descendants) every `interval`
     seconds on a background thread. Use as a context manager or start()/stop().
@@ -225,7 +176,7 @@ class RssSampler:
         self._lock = threading.Lock()
 
     def sample(self) -> Optional[int]:
-        kib = tree_rss_kib(self.pid, self.children)
+        kib = tree_kib(self.pid) if self.children else rss_kib(self.pid)
         if kib is not None:
             with self._lock:
                 self.series.append([round(time.monotonic() - self.t0, 3), kib])

@@ -41,7 +41,7 @@ from typing import IO, Optional, Self
 from collections.abc import Callable, Iterable, Sequence
 
 from .allocators import Allocator
-from .measure import proc_kib
+from .procfs import descendants, pid_running, rss_kib, status_kib, tree_kib
 from .errors import SuiteError
 
 LOG_TAIL_LINES = 40
@@ -101,85 +101,6 @@ def free_port(port: Optional[int] = None) -> int:
         return s.getsockname()[1]
     finally:
         s.close()
-
-
-def pid_running(pid: int) -> bool:
-    """True while the process exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            st = f.read().rsplit(")", 1)[1].split()[0]
-        return st not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
-def proc_status_kib(pid: int, field: str = "VmRSS") -> Optional[int]:
-    """A 'kB' field of /proc/PID/status (VmRSS, VmHWM, RssAnon, ...), None if gone, 0 if
-    the process has no such line."""
-    return proc_kib(f"/proc/{pid}/status", field, absent=0)
-
-
-def rss_kib(pid: int) -> Optional[int]:
-    return proc_status_kib(pid, "VmRSS")
-
-
-def children(pid: int) -> list[int]:
-    """All descendants of a process (from /proc/PID/task/*/children)."""
-    out: list[int] = []
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for t in tasks:
-            try:
-                with open(f"/proc/{p}/task/{t}/children") as f:
-                    kids = [int(x) for x in f.read().split()]
-            except (OSError, ValueError):
-                continue
-            for k in kids:
-                if k not in out:
-                    out.append(k)
-                    todo.append(k)
-    return out
-
-
-def tree_kib(pid: int, field: str = "VmRSS") -> Optional[int]:
-    """Sum of a /proc/PID/status field over the process and all its descendants."""
-    own = proc_status_kib(pid, field)
-    if own is None:
-        return None
-    return own + sum(proc_status_kib(c, field) or 0 for c in children(pid))
-
-
-def cpu_seconds(pid: int, tree: bool = False) -> Optional[float]:
-    """User + system CPU seconds of a process (all its threads); with tree, plus its
-    live descendants and the children it has reaped (so a PostgreSQL backend that exits
-    between two readings still counts once). None if the process is gone."""
-    tick = os.sysconf("SC_CLK_TCK")
-
-    def times(p: int) -> Optional[tuple[int, int]]:
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                f_ = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            return None
-        # after the command: state is field 3, utime 14, stime 15, cutime 16, cstime 17
-        return int(f_[11]) + int(f_[12]), int(f_[13]) + int(f_[14])
-
-    own = times(pid)
-    if own is None:
-        return None
-    total = own[0] + (own[1] if tree else 0)
-    if tree:
-        total += sum((times(c) or (0, 0))[0] for c in children(pid))
-    return total / tick
-
-
-def smaps_rollup_kib(pid: int, field: str = "AnonHugePages") -> Optional[int]:
-    return proc_kib(f"/proc/{pid}/smaps_rollup", field, absent=0)
 
 
 def log_tail(path: Optional[Path], n: int = LOG_TAIL_LINES) -> str:
@@ -259,7 +180,7 @@ class RssSampler:
         if fn is None:
             if pid is None:
                 raise ValueError("RssSampler needs a pid or a fn")
-            fn = (lambda: tree_kib(pid, field)) if tree else (lambda: proc_status_kib(pid, field))
+            fn = (lambda: tree_kib(pid, field)) if tree else (lambda: status_kib(pid, field))
         self.fn = fn
         self.interval = interval
         self.samples: list[list[float]] = []
@@ -523,9 +444,11 @@ class Server:
                 f"{describe_status(self.returncode)}\n{log_tail(self.log_path)}")
 
     def rss_kib(self) -> Optional[int]:
+        """VmRSS of the server process (None before start() or once it is gone)."""
         return rss_kib(self.pid) if self.pid else None
 
     def tree_rss_kib(self, field: str = "VmRSS") -> Optional[int]:
+        """`field` of /proc/PID/status summed over the server and its descendants."""
         return tree_kib(self.pid, field) if self.pid else None
 
     def sampler(self, interval: float = 0.2, tree: bool = False, field: str = "VmRSS") -> RssSampler:
@@ -540,7 +463,7 @@ class Server:
         timeout = self.stop_timeout if timeout is None else timeout
         try:
             if self.popen is not None:
-                kids = children(self.popen.pid)
+                kids = descendants(self.popen.pid)
                 if self.popen.poll() is None:
                     try:
                         self.popen.send_signal(self.stop_signal)
@@ -549,7 +472,7 @@ class Server:
                     try:
                         self.popen.wait(timeout)
                     except subprocess.TimeoutExpired:
-                        kids += [k for k in children(self.popen.pid) if k not in kids]
+                        kids += [k for k in descendants(self.popen.pid) if k not in kids]
                         try:
                             self.popen.kill()
                         except ProcessLookupError:

@@ -6,8 +6,8 @@ import time
 import pytest
 
 from keel_lab.measure import (RssSampler, geomean, latency_summary, memory_held_kib,
-                              mesh_views, percentile, proc_kib, pss_kib, read_vmrss_kib, spread,
-                              tree_rss_kib)
+                              mesh_views, percentile, spread)
+from keel_lab.procfs import proc_kib, pss_kib, rss_kib, tree_kib
 
 
 def test_percentiles_match_numpy_linear():
@@ -57,8 +57,8 @@ def test_rss_sampler_sees_a_child_grow_and_gives_peak_and_final():
 def test_rss_of_missing_process_is_none():
     p = subprocess.Popen(["true"])
     p.wait()
-    assert read_vmrss_kib(p.pid) is None
-    assert tree_rss_kib(p.pid) is None
+    assert rss_kib(p.pid) is None
+    assert tree_kib(p.pid) is None
     s = RssSampler(p.pid, interval=0.05).start()
     time.sleep(0.2)
     s.stop()
@@ -70,7 +70,7 @@ def test_rss_of_missing_process_is_none():
 
 def test_memory_held_without_meshing_is_vmrss():
     pid = os.getpid()
-    held, rss, pss = memory_held_kib(pid), read_vmrss_kib(pid), pss_kib(pid)
+    held, rss, pss = memory_held_kib(pid), rss_kib(pid), pss_kib(pid)
     assert held is not None and rss is not None and pss is not None
     assert held == pytest.approx(rss, rel=0.03)
     assert 0 < pss <= rss * 1.03
@@ -123,7 +123,7 @@ def test_memory_held_counts_a_mesh_memfd_once_and_keeps_other_shared_memory():
     p = _views_child("keel-mesh", views, pages, cow, other)
     try:
         status = f"/proc/{p.pid}/status"
-        rss, shmem = read_vmrss_kib(p.pid), proc_kib(status, "RssShmem")
+        rss, shmem = rss_kib(p.pid), proc_kib(status, "RssShmem")
         held = memory_held_kib(p.pid)
         assert mesh_views(p.pid) == views
         # RssShmem: every view's unwritten pages, and the other memfd twice
@@ -142,7 +142,7 @@ def test_memory_held_ignores_memfds_of_other_names():
     p = _views_child("not-keel", 3, 1024, 0, 0)
     try:
         assert mesh_views(p.pid) == 0
-        assert memory_held_kib(p.pid) == pytest.approx(read_vmrss_kib(p.pid), rel=0.02)
+        assert memory_held_kib(p.pid) == pytest.approx(rss_kib(p.pid), rel=0.02)
     finally:
         p.kill()
         p.wait()
@@ -222,7 +222,7 @@ def test_memory_held_under_keel_mesh(tmp_path, cc, keel_path):
         for _ in range(10):     # a reading between two ticks of the purger
             before = memfd_kib()
             anon, file_ = proc_kib(status, "RssAnon"), proc_kib(status, "RssFile")
-            held, rss = memory_held_kib(p.pid), read_vmrss_kib(p.pid)
+            held, rss = memory_held_kib(p.pid), rss_kib(p.pid)
             if memfd_kib() == before:
                 break
             time.sleep(0.3)

@@ -23,7 +23,8 @@ import pytest
 from keel_lab import servers
 from keel_lab.suites.base import SuiteError
 from keel_lab.allocators import Allocator, AllocatorNotFound, find, parse
-from keel_lab.servers import RedisServer, live_servers, pid_running
+from keel_lab.procfs import descendants, pid_running
+from keel_lab.servers import RedisServer, live_servers
 from keel_lab.suites.base import SuiteContext
 
 BUILD = Path(os.environ.get("KEEL_BUILD_DIR") or Path(__file__).resolve().parents[2] / "build")
@@ -110,7 +111,7 @@ class Recorder:
 
     def saw(self, srv) -> None:
         self.stopped_pids.add(srv.pid)
-        self.stopped_pids.update(servers.children(srv.pid))
+        self.stopped_pids.update(descendants(srv.pid))
         if srv._own_dir and srv.dir:
             self.own_dirs.add(srv.dir)
 
@@ -118,7 +119,7 @@ class Recorder:
         self.messages.append(message)
         for s in live_servers():
             self.pids.add(s.pid)
-            self.pids.update(servers.children(s.pid))   # e.g. postgres' auxiliary processes
+            self.pids.update(descendants(s.pid))   # e.g. postgres' auxiliary processes
             if s._own_dir and s.dir:
                 self.own_dirs.add(s.dir)
         if self.on:

@@ -31,7 +31,8 @@ from typing import Optional
 from ..allocators import Allocator
 # SuiteError is defined in keel_lab.errors (see why there) and is imported from here too
 from ..errors import SuiteError
-from ..measure import memory_held_kib, mesh_views, pss_kib
+from ..measure import memory_held_kib, mesh_views
+from ..procfs import pss_kib
 
 
 def cpu_us_per_txn(before: Optional[float], after: Optional[float], tps: Optional[float],

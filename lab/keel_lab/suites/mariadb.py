@@ -7,7 +7,7 @@ import os
 import re
 import subprocess
 
-from .. import cachesim
+from .. import cachesim, procfs
 from .. import servers as sv
 from ..measure import geomean
 from .base import (HELD_NOTE, MESH_STATS_NOTE, Suite, SuiteContext, SuiteError, cpu_us_per_txn,
@@ -107,11 +107,11 @@ class MariaDB(Suite):
             with sv.RssSampler(srv.pid, interval=0.25) as whole:
                 for i, threads in enumerate(sweep):
                     ctx.progress(f"oltp_read_only, {threads} threads, {secs}s", 0.1 + 0.9 * i / total)
-                    cpu0 = sv.cpu_seconds(srv.run_pid)
+                    cpu0 = procfs.cpu_seconds(srv.run_pid)
                     with sv.RssSampler(srv.pid, interval=0.2) as samp:
                         res = self._run(srv, [sb[0], "oltp_read_only", *sb[1:]], threads, secs,
                                         f"sysbench oltp_read_only --threads={threads}")
-                    cpu = cpu_us_per_txn(cpu0, sv.cpu_seconds(srv.run_pid), res.get("tps"), secs)
+                    cpu = cpu_us_per_txn(cpu0, procfs.cpu_seconds(srv.run_pid), res.get("tps"), secs)
                     point = {"x": threads, "throughput": res.get("tps"), "p95_ms": res.get("p95_ms"),
                              "mean_ms": res.get("mean_ms"), "rss_kib": srv.rss_kib(),
                              "rss_peak_kib": samp.peak, "cpu_us_per_txn": cpu}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from .. import procfs
 from .. import servers as sv
 from ..measure import geomean
 from .base import (Suite, SuiteContext, SuiteError, cpu_us_per_txn, opt_env, opt_float, opt_list,
@@ -87,13 +88,13 @@ class Postgres(Suite):
                         step += 1
                         # RssAnon summed too: VmRSS counts shared_buffers pages once per
                         # backend that touched them.
-                        cpu0 = sv.cpu_seconds(srv.run_pid, tree=True)
+                        cpu0 = procfs.cpu_seconds(srv.run_pid, tree=True)
                         # One pgbench thread per connection up to PGBENCH_THREADS: with two
                         # connections on a thread, select-only at 4 clients ran at either
                         # ~58k or ~90k TPS, switching from run to run under every allocator
                         # (glibc and Keel alike, the same two levels); -j 4 gives ~93k every run.
                         with sv.RssSampler(srv.pid, interval=0.2, tree=True) as samp, \
-                                sv.RssSampler(fn=lambda: sv.tree_kib(srv.run_pid, "RssAnon"), interval=0.2) as anon:
+                                sv.RssSampler(fn=lambda: procfs.tree_kib(srv.run_pid, "RssAnon"), interval=0.2) as anon:
                             out = sv.run_client([*pgb, *flags, "-c", str(clients), "-j",
                                               str(min(clients, PGBENCH_THREADS)), "-T", str(secs), "postgres"],
                                              servers=[srv], timeout=secs + 300,
@@ -105,7 +106,7 @@ class Postgres(Suite):
                         if res.get("failed"):
                             raise SuiteError(f"pgbench {wl} -c {clients}: {res['failed']} failed "
                                              f"transactions")
-                        cpu = cpu_us_per_txn(cpu0, sv.cpu_seconds(srv.run_pid, tree=True), res["tps"], secs)
+                        cpu = cpu_us_per_txn(cpu0, procfs.cpu_seconds(srv.run_pid, tree=True), res["tps"], secs)
                         pre = "" if wl == "select" else "tpcb_"
                         point[f"{pre}cpu_us_per_txn"] = cpu
                         m[f"cpu_us_per_txn_{wl}_c{clients}"] = cpu

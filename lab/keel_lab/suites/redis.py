@@ -233,7 +233,7 @@ class RedisFrag(RedisSuite):
                 def phase(name: str, seconds: float) -> None:
                     srv.check_alive(name)
                     info = client.info("memory")
-                    rss = sv.rss_kib(srv.run_pid)
+                    rss = srv.rss_kib()
                     held = held_metrics(srv.run_pid, name, label)
                     # one phase entry per (phase, value size): the report groups by name
                     rec = {"phase": f"{name} {label}", "rss_kib": rss,

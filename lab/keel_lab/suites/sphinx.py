@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .. import paths
+from .. import paths, procfs
 from ..corpus import CORPUS_VERSION, Corpus
 from .. import servers as sv
 from .base import Suite, SuiteContext, SuiteError, opt_bool, opt_env, opt_float, opt_list, size_mode
@@ -287,8 +287,8 @@ index idx
                 "p50_ms": percentile(lat, 0.50), "p95_ms": percentile(lat, 0.95),
                 "p99_ms": percentile(lat, 0.99),
                 "rss_peak_kib": samp.peak, "rss_final_kib": srv.rss_kib(),
-                "anon_huge_kib": sv.smaps_rollup_kib(srv.run_pid, "AnonHugePages"),
-                "vmhwm_kib": sv.proc_status_kib(srv.run_pid, "VmHWM"),
+                "anon_huge_kib": procfs.smaps_rollup_kib(srv.run_pid, "AnonHugePages", absent=0),
+                "vmhwm_kib": procfs.status_kib(srv.run_pid, "VmHWM", absent=0),
                 "series": samp.samples,
             })
             return r
