@@ -41,7 +41,8 @@ from typing import IO, Optional, Self
 from collections.abc import Callable, Iterable, Sequence
 
 from .allocators import Allocator
-from .procfs import descendants, pid_running, rss_kib, status_kib, tree_kib
+from .measure import RssSampler
+from .procfs import descendants, pid_running, rss_kib, tree_kib
 from .errors import SuiteError
 
 LOG_TAIL_LINES = 40
@@ -164,71 +165,6 @@ def linked_mallocs(binary: str) -> list[str]:
     except (OSError, subprocess.TimeoutExpired):
         return []
     return sorted(set(re.findall(r"(lib(?:jemalloc|tcmalloc\w*|mimalloc)[\w.-]*\.so[\w.]*)", out)))
-
-
-# --------------------------------------------------------------------------------------
-# RSS sampling
-
-
-class RssSampler:
-    """Samples a value in KiB (default: VmRSS of pid; tree=True sums the process and its
-    descendants) every `interval` seconds in a thread. samples: [[t, kib], ...] with t in
-    seconds since start(). Use as a context manager or start()/stop()."""
-
-    def __init__(self, pid: Optional[int] = None, interval: float = 0.2, tree: bool = False,
-                 fn: Optional[Callable[[], Optional[int]]] = None, field: str = "VmRSS"):
-        if fn is None:
-            if pid is None:
-                raise ValueError("RssSampler needs a pid or a fn")
-            fn = (lambda: tree_kib(pid, field)) if tree else (lambda: status_kib(pid, field))
-        self.fn = fn
-        self.interval = interval
-        self.samples: list[list[float]] = []
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-        self.t0 = 0.0
-
-    def _sample(self) -> None:
-        try:
-            v = self.fn()
-        except Exception:  # a vanished process: no sample
-            v = None
-        if v is not None:
-            self.samples.append([round(time.monotonic() - self.t0, 3), int(v)])
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._sample()
-
-    def start(self) -> RssSampler:
-        self.t0 = time.monotonic()
-        self._sample()
-        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> RssSampler:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(5)
-            self._thread = None
-            self._sample()
-        return self
-
-    @property
-    def peak(self) -> Optional[int]:
-        peak = max((s[1] for s in self.samples), default=None)
-        return None if peak is None else int(peak)
-
-    @property
-    def last(self) -> Optional[int]:
-        return int(self.samples[-1][1]) if self.samples else None
-
-    def __enter__(self) -> RssSampler:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 # --------------------------------------------------------------------------------------
@@ -451,8 +387,10 @@ class Server:
         """`field` of /proc/PID/status summed over the server and its descendants."""
         return tree_kib(self.pid, field) if self.pid else None
 
-    def sampler(self, interval: float = 0.2, tree: bool = False, field: str = "VmRSS") -> RssSampler:
-        return RssSampler(self.pid, interval=interval, tree=tree, field=field)
+    def sampler(self, interval: float = 0.2, children: bool = False,
+                field: str = "VmRSS") -> RssSampler:
+        """An RssSampler of the server (children=True: with its descendants)."""
+        return RssSampler(self.run_pid, interval=interval, children=children, field=field)
 
     def stop(self, timeout: Optional[float] = None) -> Optional[int]:
         """Stop signal, then SIGKILL after `timeout`; then leftover descendants.

@@ -1,3 +1,4 @@
+import itertools
 import os
 import subprocess
 import sys
@@ -63,6 +64,38 @@ def test_rss_of_missing_process_is_none():
     time.sleep(0.2)
     s.stop()
     assert s.peak_kib is None
+
+
+def test_rss_sampler_samples_itself_at_start_and_stop():
+    with RssSampler(os.getpid(), interval=0.05) as s:
+        assert len(s.series) == 1                 # start() samples at once
+        time.sleep(0.3)
+    n = len(s.series)
+    assert n >= 4                                 # ... and stop() once more
+    assert s.peak_kib >= s.series[0][1] > 0 and s.final_kib == s.series[-1][1]
+    assert all(b[0] >= a[0] for a, b in itertools.pairwise(s.series))
+    s.stop()                                      # idempotent: no further sample
+    assert len(s.series) == n
+
+
+def test_rss_sampler_field_and_fn():
+    me = os.getpid()
+    with RssSampler(me, interval=0.05, field="RssAnon") as anon:
+        time.sleep(0.1)
+    assert anon.peak_kib is not None and 0 < anon.peak_kib <= rss_kib(me) * 1.5
+    values = iter([5, None, 7])
+
+    def fn():
+        v = next(values, None)
+        if v == 7:
+            raise ProcessLookupError               # an exception is no sample
+        return v
+    s = RssSampler(fn=fn, interval=0.02, t0=time.monotonic() - 10).start()
+    time.sleep(0.2)
+    s.stop()
+    assert [k for _, k in s.series] == [5] and s.series[0][0] >= 10    # t from the t0 given
+    with pytest.raises(ValueError, match="a pid or a fn"):
+        RssSampler()
 
 
 # -- memory held, Keel's meshing -------------------------------------------------------

@@ -9,7 +9,6 @@ under a minute on the 2-core machine.
 from __future__ import annotations
 
 import fcntl
-import itertools
 import os
 import random
 import signal
@@ -339,14 +338,6 @@ def test_assert_nothing_left_checks_servers_no_message_saw(tmp_path):
     assert_nothing_left(rec.all_pids)
     with pytest.raises(AssertionError, match="no server process was recorded"):
         assert_nothing_left(set())
-
-
-def test_rss_sampler_samples_itself():
-    with servers.RssSampler(os.getpid(), interval=0.05) as s:
-        time.sleep(0.3)
-    assert len(s.samples) >= 3
-    assert s.peak >= s.samples[0][1] > 0
-    assert all(b[0] >= a[0] for a, b in itertools.pairwise(s.samples))
 
 
 # --------------------------------------------------------------------------------------

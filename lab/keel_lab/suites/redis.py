@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from .. import servers as sv
-from ..measure import geomean
+from ..measure import RssSampler, geomean
 from .base import (HELD_NOTE, MESH_STATS_NOTE, Suite, SuiteContext, SuiteError, held_metrics,
                    mesh_estimate_metrics, mesh_stats_metrics, opt_env, opt_float, opt_list,
                    published_mesh_stats, size_mode)
@@ -225,7 +225,7 @@ class RedisFrag(RedisSuite):
             for n in srv.notes:
                 if n not in result["notes"]:
                     result["notes"].append(n)
-            whole = sv.RssSampler(srv.pid, interval=0.25).start()
+            whole = RssSampler(srv.pid, interval=0.25).start()
             client = None
             try:
                 client = srv.client(timeout=120)
@@ -276,9 +276,9 @@ class RedisFrag(RedisSuite):
                 done += 1
 
                 progress(f"idle {idle:.0f}s")
-                with sv.RssSampler(srv.pid, interval=0.25) as idle_s:
+                with RssSampler(srv.pid, interval=0.25) as idle_s:
                     sv.sleep_watching(idle, [srv], "the idle phase")
-                result["series"][f"rss_kib_{label}"] = idle_s.samples
+                result["series"][f"rss_kib_{label}"] = idle_s.series
                 phase("idle", idle)
                 m.update(mesh_estimate_metrics(srv.run_pid, m[f"rss_idle_kib_{label}"], label))
                 done += 1
@@ -287,8 +287,8 @@ class RedisFrag(RedisSuite):
                     client.close()
                 whole.stop()
             srv.check_alive("the run")
-            result["series"][f"run_rss_kib_{label}"] = whole.samples
-            peaks.append(whole.peak or 0)
+            result["series"][f"run_rss_kib_{label}"] = whole.series
+            peaks.append(whole.peak_kib or 0)
             finals.append(m[f"rss_idle_kib_{label}"])
         except (ConnectionError, OSError) as e:
             if not srv.alive():
@@ -329,7 +329,7 @@ class RedisOps(RedisSuite):
             srv.start()
             result["notes"] += srv.notes
             rps, p50, p95, p99, means = [], [], [], [], []
-            with sv.RssSampler(srv.pid, interval=0.2) as samp:
+            with RssSampler(srv.pid, interval=0.2) as samp:
                 for i, (cname, args) in enumerate(configs):
                     ctx.progress(f"redis-benchmark {cname}", i / len(configs))
                     res = _benchmark(srv, ctx, ["-t", self.TESTS, "-r", str(keys), "-d", "64",
@@ -363,9 +363,9 @@ class RedisOps(RedisSuite):
             m["p95_ms"] = _mean(p95)
             m["p99_ms"] = _mean(p99)
             m["mean_ms"] = _mean(means)
-            m["rss_peak_kib"] = samp.peak
-            m["rss_final_kib"] = samp.last
-            result["series"] = {"rss_kib": samp.samples}
+            m["rss_peak_kib"] = samp.peak_kib
+            m["rss_final_kib"] = samp.final_kib
+            result["series"] = {"rss_kib": samp.series}
             result["notes"].append(
                 f"size {mode}: tests {self.TESTS}, 64-byte values, keyspace {keys}; "
                 f"{n_pipe} requests each with -P 16 -c 50, {n_plain} with -c 200 unpipelined. "

@@ -26,6 +26,7 @@ from typing import Optional
 from .. import paths, procfs
 from ..corpus import CORPUS_VERSION, Corpus
 from .. import servers as sv
+from ..measure import RssSampler
 from .base import Suite, SuiteContext, SuiteError, opt_bool, opt_env, opt_float, opt_list, size_mode
 
 THP_SYSFS = "/sys/kernel/mm/transparent_hugepage/enabled"
@@ -207,12 +208,12 @@ index idx
                                     env=env, cwd=str(conf.parent), start_new_session=True,
                                     preexec_fn=sv._pdeathsig)
             try:
-                with sv.RssSampler(proc.pid, interval=0.1) as samp:
+                with RssSampler(proc.pid, interval=0.1) as samp:
                     rc = proc.wait(3600)
             except BaseException:
                 sv._kill(proc)
                 raise
-        m["indexer_rss_peak_kib"] = samp.peak
+        m["indexer_rss_peak_kib"] = samp.peak_kib
         out = log.read_text(errors="replace")
         if rc != 0:
             raise SuiteError(f"indexer failed (exit status {rc})\n{sv.log_tail(log)}")
@@ -251,7 +252,7 @@ index idx
             env.pop("LD_PRELOAD", None)
             pkg_root = str(Path(__file__).resolve().parents[2])
             env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
-            with sv.RssSampler(srv.pid, interval=0.2) as samp:
+            with RssSampler(srv.pid, interval=0.2) as samp:
                 for i, out in enumerate(outs):
                     errs.append(open(str(out) + ".err", "wb"))
                     workers.append(subprocess.Popen(
@@ -286,10 +287,10 @@ index idx
                 "mean_ms": round(sum(lat) / len(lat), 4) if lat else None,
                 "p50_ms": percentile(lat, 0.50), "p95_ms": percentile(lat, 0.95),
                 "p99_ms": percentile(lat, 0.99),
-                "rss_peak_kib": samp.peak, "rss_final_kib": srv.rss_kib(),
+                "rss_peak_kib": samp.peak_kib, "rss_final_kib": srv.rss_kib(),
                 "anon_huge_kib": procfs.smaps_rollup_kib(srv.run_pid, "AnonHugePages", absent=0),
                 "vmhwm_kib": procfs.status_kib(srv.run_pid, "VmHWM", absent=0),
-                "series": samp.samples,
+                "series": samp.series,
             })
             return r
         finally:
