@@ -26,7 +26,7 @@ from typing import Optional
 from .. import paths, procfs
 from ..corpus import CORPUS_VERSION, Corpus
 from .. import servers as sv
-from ..measure import RssSampler
+from ..measure import RssSampler, percentile
 from .base import Suite, SuiteContext, SuiteError, opt_bool, opt_env, opt_float, opt_list, size_mode
 
 THP_SYSFS = "/sys/kernel/mm/transparent_hugepage/enabled"
@@ -61,15 +61,6 @@ def thp_enabled(pid: int) -> Optional[int]:
     except (OSError, ValueError):
         pass
     return None
-
-
-def percentile(sorted_xs: list[float], q: float) -> Optional[float]:
-    if not sorted_xs:
-        return None
-    k = (len(sorted_xs) - 1) * q
-    lo = int(k)
-    hi = min(lo + 1, len(sorted_xs) - 1)
-    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (k - lo)
 
 
 class Sphinx(Suite):
@@ -285,8 +276,8 @@ index idx
                 "queries": len(lat), "errors": errors,
                 "qps": round(len(lat) / elapsed, 2) if elapsed else None,
                 "mean_ms": round(sum(lat) / len(lat), 4) if lat else None,
-                "p50_ms": percentile(lat, 0.50), "p95_ms": percentile(lat, 0.95),
-                "p99_ms": percentile(lat, 0.99),
+                "p50_ms": percentile(lat, 50), "p95_ms": percentile(lat, 95),
+                "p99_ms": percentile(lat, 99),
                 "rss_peak_kib": samp.peak_kib, "rss_final_kib": srv.rss_kib(),
                 "anon_huge_kib": procfs.smaps_rollup_kib(srv.run_pid, "AnonHugePages", absent=0),
                 "vmhwm_kib": procfs.status_kib(srv.run_pid, "VmHWM", absent=0),
