@@ -41,8 +41,9 @@ from typing import IO, Optional, Self
 from collections.abc import Callable, Iterable, Sequence
 
 from .allocators import Allocator
+from . import procs
 from .measure import RssSampler
-from .procfs import descendants, pid_running, rss_kib, tree_kib
+from .procfs import descendants, rss_kib, tree_kib
 from .errors import SuiteError
 
 LOG_TAIL_LINES = 40
@@ -417,7 +418,7 @@ class Server:
                             pass
                         self.popen.wait(30)
                 self.returncode = self.popen.returncode
-                _reap_leftovers(kids)
+                procs.kill_pids(kids)
         finally:
             with _live_lock:
                 if self.pid is not None:
@@ -443,25 +444,6 @@ class Server:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} pid={self.pid} port={self.port} alloc={self.allocator.name}>"
-
-
-def _reap_leftovers(pids: Iterable[int]) -> None:
-    """Children of a stopped server (postgres backends) must not outlive it: a moment
-    to exit by themselves, then SIGTERM, then SIGKILL. Only pids we saw as its children."""
-    pids = [p for p in pids if pid_running(p)]
-    for sig in (None, signal.SIGTERM, signal.SIGKILL):
-        if not pids:
-            return
-        if sig is not None:
-            for p in pids:
-                try:
-                    os.kill(p, sig)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 5
-        while pids and time.monotonic() < deadline:
-            time.sleep(0.1)
-            pids = [p for p in pids if pid_running(p)]
 
 
 # ---- the clients' connection ---------------------------------------------------------
@@ -963,10 +945,10 @@ def run_client(argv: Sequence[str], *, servers: Sequence[Server] = (), timeout: 
                     pass
                 for s in servers:
                     if not s.alive():
-                        _kill(proc)
+                        procs.stop(proc, grace=5.0)
                         raise SuiteError(s.died_message(f"{what}"))
                 if time.monotonic() > deadline:
-                    _kill(proc)
+                    procs.stop(proc, grace=5.0)
                     raise SuiteError(f"{what} did not finish within {timeout:.0f}s\n"
                                      f"{log_tail(out_path, 20)}")
         text = Path(out_path).read_text(errors="replace")
@@ -979,25 +961,12 @@ def run_client(argv: Sequence[str], *, servers: Sequence[Server] = (), timeout: 
         return text
     finally:
         if proc is not None and proc.poll() is None:
-            _kill(proc)
+            procs.stop(proc, grace=5.0)
         if own_out:
             try:
                 os.unlink(out_path)
             except OSError:
                 pass
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        proc.terminate()
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-    except ProcessLookupError:
-        pass
 
 
 def sleep_watching(seconds: float, servers: Sequence[Server], during: str = "idle") -> None:

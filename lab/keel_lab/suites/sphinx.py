@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .. import paths, procfs
+from .. import paths, procfs, procs
 from ..corpus import CORPUS_VERSION, Corpus
 from .. import servers as sv
 from ..measure import RssSampler, percentile
@@ -202,7 +202,7 @@ index idx
                 with RssSampler(proc.pid, interval=0.1) as samp:
                     rc = proc.wait(3600)
             except BaseException:
-                sv._kill(proc)
+                procs.stop(proc, grace=5.0)
                 raise
         m["indexer_rss_peak_kib"] = samp.peak_kib
         out = log.read_text(errors="replace")
@@ -286,7 +286,7 @@ index idx
             return r
         finally:
             for w in workers:
-                sv._kill(w)
+                procs.stop(w, grace=5.0)
             for f in errs:
                 f.close()
             srv.stop()
