@@ -1,5 +1,6 @@
 """Child processes that are always cleaned up: own process group, killed on the way out.
 
+Set-up, as preexec_fn: pdeathsig (SIGTERM to the child if the lab dies), thp_disable.
 The lab's one place for killing processes:
     stop(p)          a child started with start_new_session=True: its whole process group
                      (SIGTERM, SIGKILL after a grace period), reaped;
@@ -8,6 +9,7 @@ The lab's one place for killing processes:
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import select
 import signal
@@ -17,6 +19,32 @@ from collections.abc import Iterable, Sequence
 from typing import Optional
 
 from .procfs import pid_running
+
+
+# ---- set-up of a child (preexec_fn) --------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG = 1
+PR_SET_THP_DISABLE = 41
+
+
+def pdeathsig() -> None:
+    """prctl(PR_SET_PDEATHSIG, SIGTERM), as a preexec_fn: the child gets SIGTERM if the
+    lab process dies without stopping it (e.g. SIGKILL)."""
+    # Linux sends it when the *thread* that started the child exits: start servers from
+    # a thread that outlives them (the suites run in the main thread).
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def thp_disable() -> None:
+    """prctl(PR_SET_THP_DISABLE, 1): no transparent huge pages for this process and
+    everything it forks/execs (inherited across fork and execve). Use as preexec_fn."""
+    if _libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_THP_DISABLE): {os.strerror(err)}")
+
+
+# ---- ending children ------------------------------------------------------------------
 
 
 def stop(p: subprocess.Popen, grace: float = 3.0) -> None:

@@ -13,8 +13,8 @@ import pytest
 SUITES = Path(__file__).resolve().parents[1] / "keel_lab" / "suites"
 
 
-@pytest.mark.parametrize("module", ["keel_lab.servers", "keel_lab.errors", "keel_lab.measure",
-                                    "keel_lab.procs"])
+@pytest.mark.parametrize("module", ["keel_lab.servers", "keel_lab.clients", "keel_lab.errors",
+                                    "keel_lab.measure", "keel_lab.procfs", "keel_lab.procs"])
 def test_server_side_modules_do_not_import_the_suites(module):
     code = (f"import sys, {module}\n"
             "bad = sorted(m for m in sys.modules if m.startswith('keel_lab.suites'))\n"

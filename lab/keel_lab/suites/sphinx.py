@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from .. import paths, procfs, procs
+from ..clients import MySQLMini
 from ..corpus import CORPUS_VERSION, Corpus
 from .. import servers as sv
 from ..measure import RssSampler, percentile
@@ -197,7 +198,7 @@ index idx
             proc = subprocess.Popen([sv.which("indexer", "sphinxsearch"), "--config", str(conf), "--all"],
                                     stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
                                     env=env, cwd=str(conf.parent), start_new_session=True,
-                                    preexec_fn=sv._pdeathsig)
+                                    preexec_fn=procs.pdeathsig)
             try:
                 with RssSampler(proc.pid, interval=0.1) as samp:
                     rc = proc.wait(3600)
@@ -216,7 +217,7 @@ index idx
         if policy is not None:
             extra["KEEL_THP"] = policy
         srv = sv.SphinxServer(ctx.allocator, workdir=work, index_conf=index_conf, extra_env=extra,
-                              preexec=sv.thp_disable if thp == "off" else None,
+                              preexec=procs.thp_disable if thp == "off" else None,
                               ready_query="SELECT id FROM idx LIMIT 1")
         workers: list[subprocess.Popen] = []
         errs: list = []
@@ -228,7 +229,7 @@ index idx
                 raise SuiteError(f"PR_SET_THP_DISABLE did not take: searchd's THP_enabled is {state}")
             self.thp_state[thp] = state
             # warm-up: every query once, and a check that they all work
-            with sv.MySQLMini(srv.port, timeout=120) as c:
+            with MySQLMini(srv.port, timeout=120) as c:
                 for q in json.loads(qfile.read_text()):
                     try:
                         c.query(q)
@@ -249,7 +250,7 @@ index idx
                     workers.append(subprocess.Popen(
                         [*cmd, str(i * 37), str(out)], env=env, stdin=subprocess.DEVNULL,
                         stdout=subprocess.DEVNULL, stderr=errs[-1],
-                        start_new_session=True, preexec_fn=sv._pdeathsig))
+                        start_new_session=True, preexec_fn=procs.pdeathsig))
                 deadline = time.monotonic() + secs + 120
                 while any(w.poll() is None for w in workers):
                     srv.check_alive(f"the query run (THP {thp})")
@@ -301,7 +302,7 @@ def _worker(port: int, qfile: str, seconds: float, offset: int, out: str) -> Non
     lat: list[float] = []
     errors = 0
     first_error = None
-    c = sv.MySQLMini(port, timeout=60)
+    c = MySQLMini(port, timeout=60)
     i = offset
     t0 = time.perf_counter()
     end = t0 + seconds
