@@ -11,7 +11,9 @@ Every server here:
   * is checked for the preloaded library in /proc/PID/maps once it answers;
   * can be polled for "died mid-run" (check_alive raises SuiteError with its log tail);
   * stops with stop(): its stop signal, SIGKILL after a timeout, leftover children
-    too; idempotent, safe in finally blocks; also a context manager.
+    too; idempotent, safe in finally blocks; also a context manager. A stop that is
+    interrupted (a second Ctrl-C) still kills the server and its children by pid, and
+    the directory is removed only once they are confirmed gone.
 A module-level registry (live_servers) holds every started, not yet stopped server; an
 atexit hook stops whatever is left, and each server gets PR_SET_PDEATHSIG so it does
 not outlive a lab process that was SIGKILLed.
@@ -46,7 +48,7 @@ from .allocators import Allocator
 from .clients import MySQLMini, RedisClient
 from .errors import SuiteError
 from .measure import RssSampler
-from .procfs import descendants, rss_kib, tree_kib
+from .procfs import descendants, pid_running, rss_kib, tree_kib
 
 LOG_TAIL_LINES = 40
 
@@ -211,6 +213,7 @@ class Server:
         self.preload: Optional[str] = None        # what LD_PRELOAD holds
         self.notes: list[str] = []
         self._stopped = False
+        self._kids: list[int] = []      # the server's descendants, as stop() saw them
         self._log_fh: Optional[IO[bytes]] = None
 
     # start() makes the directory and starts the process: what the subclasses' _prepare,
@@ -377,41 +380,101 @@ class Server:
 
     def stop(self, timeout: Optional[float] = None) -> Optional[int]:
         """Stop signal, then SIGKILL after `timeout`; then leftover descendants.
-        Idempotent. Returns the exit status (negative: killed by that signal)."""
+        Idempotent. Returns the exit status (negative: killed by that signal).
+
+        Interrupted part-way (a second Ctrl-C while it waits for the server to exit) or
+        failing, it still kills the server and the children it saw, by pid, then raises
+        that exception again. The directory is removed only once the server has exited
+        and those children are gone: if that cannot be confirmed, the directory is kept,
+        the server stays in live_servers() (the atexit hook stops it again) and stop()
+        raises (SuiteError naming what still runs, if nothing else was raised)."""
         if self._stopped:
             return self.returncode
-        self._stopped = True
         timeout = self.stop_timeout if timeout is None else timeout
+        pending: Optional[BaseException] = None
         try:
-            if self.popen is not None:
-                kids = descendants(self.popen.pid)
-                if self.popen.poll() is None:
-                    try:
-                        self.popen.send_signal(self.stop_signal)
-                    except ProcessLookupError:
-                        pass
-                    try:
-                        self.popen.wait(timeout)
-                    except subprocess.TimeoutExpired:
-                        kids += [k for k in descendants(self.popen.pid) if k not in kids]
-                        try:
-                            self.popen.kill()
-                        except ProcessLookupError:
-                            pass
-                        self.popen.wait(30)
-                self.returncode = self.popen.returncode
-                procs.kill_pids(kids)
-        finally:
-            with _live_lock:
-                if self.pid is not None:
-                    _live.pop(self.pid, None)
-            if self._log_fh is not None:
-                self._log_fh.close()
-                self._log_fh = None
+            self._terminate(timeout)
+        except BaseException as e:  # noqa: BLE001 -- KeyboardInterrupt too: kill, then re-raise
+            pending = e
+            try:
+                self._kill_now()
+            except BaseException:  # noqa: BLE001 -- another Ctrl-C: the check below decides
+                pass
+        if self._log_fh is not None:
+            self._log_fh.close()
+            self._log_fh = None
+        running = self._still_running()
+        if running:
+            if pending is None:
+                pending = SuiteError(
+                    f"{self.name} (pid {self.pid}) did not stop: still running: "
+                    f"{', '.join(map(str, running))}" + (f"; its directory {self.dir} is kept"
+                                                         if self._own_dir and self.dir else ""))
+            raise pending
+        self._stopped = True
+        if self.popen is not None:
+            self.returncode = self.popen.returncode
+        with _live_lock:
+            if self.pid is not None:
+                _live.pop(self.pid, None)
+        try:
             self._cleanup()
+        finally:
             if self._own_dir and self.dir is not None:
                 shutil.rmtree(self.dir, ignore_errors=True)
+        if pending is not None:
+            raise pending
         return self.returncode
+
+    def _terminate(self, timeout: float) -> None:
+        """stop()'s orderly part: the stop signal, SIGKILL after `timeout`, then the
+        children seen under the server (postgres' backends) ended by pid."""
+        if self.popen is None:
+            return
+        self._note_children()
+        if self.popen.poll() is None:
+            try:
+                self.popen.send_signal(self.stop_signal)
+            except ProcessLookupError:
+                pass
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._note_children()
+                try:
+                    self.popen.kill()
+                except ProcessLookupError:
+                    pass
+                self.popen.wait(30)
+        procs.kill_pids(self._kids)
+
+    def _kill_now(self) -> None:
+        """stop()'s way out when interrupted: SIGKILL to the server and to the children
+        seen under it, by pid, and a short wait for them to go."""
+        if self.popen is None:
+            return
+        self._note_children()
+        try:
+            self.popen.kill()
+        except ProcessLookupError:
+            pass
+        procs.kill_pids(self._kids, signals=(signal.SIGKILL,), wait=2.0)
+        try:
+            self.popen.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def _note_children(self) -> None:
+        """Adds the server's current descendants to those stop() ends (while it runs)."""
+        if self.popen is not None and self.popen.poll() is None:
+            self._kids += [k for k in descendants(self.popen.pid) if k not in self._kids]
+
+    def _still_running(self) -> list[int]:
+        """The server's pid and its children's that stop() has not seen go."""
+        if self.popen is None:
+            return []
+        left = [] if self.popen.poll() is not None else [self.popen.pid]
+        return left + [k for k in self._kids if pid_running(k)]
 
     def _cleanup(self) -> None:
         """Subclass hook, after the process is gone and before the dir is removed."""
