@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from . import procfs
+
 MAGIC = 0x5441545354454B4B
 HEADER = struct.Struct("<QIIQQQQQQQQQQ256sII")  # magic .. pad: 360 bytes
 STATS_FIELDS = ["allocated", "active", "cached", "mapped", "committed", "retained", "metadata",
@@ -296,14 +298,10 @@ def mesh_totals(rows: list[dict], page_size: int) -> dict:
 
 def rss_kib(pid: int) -> int:
     """VmRSS of the process; LiveError if it has exited (0 for a zombie)."""
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        raise _exited(pid) from None
-    for line in text.splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
+    kib = procfs.status_kib(pid, "VmRSS", absent=0)
+    if kib is None:
+        raise _exited(pid)
+    return kib
 
 
 def remove_stale() -> list[int]:

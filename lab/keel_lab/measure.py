@@ -6,6 +6,8 @@
     sampler.stop()
     sampler.peak_kib, sampler.final_kib, sampler.series   # series: [[t_seconds, kib], ...]
 
+    RssSampler(pid, field="RssAnon"), RssSampler(fn=lambda: ...)   # other figures
+
     latency_summary([1.2, 0.9, ...])   # {"mean_ms", "p50_ms", "p95_ms", "p99_ms", "max_ms", "count"}
 
 RSS is read from /proc/PID/status (VmRSS), which is what `ps`/`top` show and what the
@@ -14,7 +16,9 @@ kernel charges the process for; with children=True the RSS of all descendants is
 
     memory_held_kib(pid)   # RssAnon + RssFile + RssShmem, Keel's meshed pages counted once
     mesh_views(pid)        # mappings of Keel's mesh memfd (0 without meshing)
-    pss_kib(pid)           # Pss from /proc/PID/smaps_rollup
+
+The single figures (VmRSS, Pss, any /proc/PID/status field, summed over a process tree)
+are read by keel_lab.procfs.
 
 Under Keel with KEEL_MESH=on, VmRSS counts a meshed page once per virtual page mapping
 it, so it does not fall when meshing gives memory back: compare memory_held_kib then.
@@ -27,39 +31,11 @@ import statistics
 import threading
 import time
 from typing import Optional
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import psutil
 
-
-def proc_kib(path: str, field: str, absent: Optional[int] = None) -> Optional[int]:
-    """The value of a "FIELD:  N kB" line of a /proc file (status, smaps_rollup) in KiB:
-    None if the file cannot be read (the process is gone), `absent` if it has no such line."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return absent
-
-
-def read_vmrss_kib(pid: int) -> Optional[int]:
-    """VmRSS of one process in KiB, or None if it is gone (or a zombie: no VmRSS)."""
-    return proc_kib(f"/proc/{pid}/status", "VmRSS")
-
-
-def read_vmhwm_kib(pid: int) -> Optional[int]:
-    """VmHWM (the kernel's own RSS high-water mark) of one process in KiB, or None."""
-    return proc_kib(f"/proc/{pid}/status", "VmHWM")
-
-
-def pss_kib(pid: int) -> Optional[int]:
-    """Pss of one process in KiB (/proc/PID/smaps_rollup: each page divided by the number
-    of processes mapping it), or None if it is gone. Under Keel's meshing it under-counts:
-    a view that was not read since its page was meshed is not mapped at all."""
-    return proc_kib(f"/proc/{pid}/smaps_rollup", "Pss")
+from .procfs import status_kib, tree_kib
 
 
 # Keel's meshing (docs/meshing.md; KEEL_MESH=on) makes several virtual pages MAP_PRIVATE
@@ -183,41 +159,30 @@ def memory_held_kib(pid: int) -> Optional[int]:
     return anon + file_ + shmem + memfd // 1024
 
 
-def descendants(pid: int) -> list[int]:
-    try:
-        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return []
-
-
-def tree_rss_kib(pid: int, children: bool = True) -> Optional[int]:
-    """RSS of pid (plus its descendants); None if pid is gone."""
-    own = read_vmrss_kib(pid)
-    if own is None and not children:
-        return None
-    total = own or 0
-    alive = own is not None
-    if children:
-        for c in descendants(pid):
-            r = read_vmrss_kib(c)
-            if r is not None:
-                total += r
-                alive = True
-    return total if alive else None
-
-
 class RssSampler:
-    """Samples the RSS of a process (and optionally its descendants) every `interval`
-    seconds on a background thread. Use as a context manager or start()/stop().
-    Sampling stops by itself when the process is gone."""
+    """Samples a process's RSS every `interval` seconds on a background thread, from
+    start() (which takes the first sample at once) to stop() (which takes one more).
+    What is sampled: `field` of /proc/PID/status (VmRSS; RssAnon ...), with
+    children=True summed over the process and its descendants; or, with fn, whatever
+    fn() returns in KiB (None or an exception: no sample). Sampling a pid stops by itself
+    once the process is gone. series: [[seconds since t0, kib], ...], where t0 is the
+    one given or the time of start(). Use as a context manager or start()/stop()."""
 
-    def __init__(self, pid: int, interval: float = 0.2, children: bool = True,
+    def __init__(self, pid: Optional[int] = None, interval: float = 0.2, children: bool = False,
+                 *, fn: Optional[Callable[[], Optional[int]]] = None, field: str = "VmRSS",
                  t0: Optional[float] = None):
         if not 0.01 <= interval <= 10:
             raise ValueError("interval must be between 0.01 and 10 s")
+        if fn is None:
+            if pid is None:
+                raise ValueError("RssSampler needs a pid or a fn")
+            p = pid
+            fn = (lambda: tree_kib(p, field)) if children else (lambda: status_kib(p, field))
         self.pid = pid
+        self.fn = fn
         self.interval = interval
         self.children = children
+        self._t0_given = t0
         self.t0 = time.monotonic() if t0 is None else t0
         self.series: list[list[float]] = []     # [[seconds since t0, kib], ...]
         self._stop = threading.Event()
@@ -225,27 +190,36 @@ class RssSampler:
         self._lock = threading.Lock()
 
     def sample(self) -> Optional[int]:
-        kib = tree_rss_kib(self.pid, self.children)
+        """Takes one sample now (and returns it; None: none taken)."""
+        try:
+            kib = self.fn()
+        except Exception:  # noqa: BLE001 -- e.g. a process that vanished: no sample
+            kib = None
         if kib is not None:
             with self._lock:
-                self.series.append([round(time.monotonic() - self.t0, 3), kib])
+                self.series.append([round(time.monotonic() - self.t0, 3), int(kib)])
         return kib
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
-            if self.sample() is None and not psutil.pid_exists(self.pid):
+        while not self._stop.wait(self.interval):
+            if self.sample() is None and self.pid is not None and not psutil.pid_exists(self.pid):
                 break
-            self._stop.wait(self.interval)
 
     def start(self) -> RssSampler:
+        if self._t0_given is None:
+            self.t0 = time.monotonic()
+        self.sample()
         self._thread = threading.Thread(target=self._loop, name=f"rss-{self.pid}", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> RssSampler:
-        self._stop.set()
+        """Stops the thread and takes a last sample (idempotent)."""
         if self._thread is not None:
+            self._stop.set()
             self._thread.join(timeout=5)
+            self._thread = None
+            self.sample()
         return self
 
     def __enter__(self) -> RssSampler:

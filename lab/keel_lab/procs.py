@@ -1,12 +1,50 @@
-"""Child processes that are always cleaned up: own process group, killed on the way out."""
+"""Child processes that are always cleaned up: own process group, killed on the way out.
+
+Set-up, as preexec_fn: pdeathsig (SIGTERM to the child if the lab dies), thp_disable.
+The lab's one place for killing processes:
+    stop(p)          a child started with start_new_session=True: its whole process group
+                     (SIGTERM, SIGKILL after a grace period), reaped;
+    kill_pids(pids)  processes known by pid (a stopped server's leftover children): a
+                     moment to exit, then SIGTERM, then SIGKILL.
+"""
 from __future__ import annotations
 
+import ctypes
 import os
 import select
 import signal
 import subprocess
 import time
+from collections.abc import Iterable, Sequence
 from typing import Optional
+
+from .procfs import pid_running
+
+
+# ---- set-up of a child (preexec_fn) --------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG = 1
+PR_SET_THP_DISABLE = 41
+
+
+def pdeathsig() -> None:
+    """prctl(PR_SET_PDEATHSIG, SIGTERM), as a preexec_fn: the child gets SIGTERM if the
+    lab process dies without stopping it (e.g. SIGKILL)."""
+    # Linux sends it when the *thread* that started the child exits: start servers from
+    # a thread that outlives them (the suites run in the main thread).
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def thp_disable() -> None:
+    """prctl(PR_SET_THP_DISABLE, 1): no transparent huge pages for this process and
+    everything it forks/execs (inherited across fork and execve). Use as preexec_fn."""
+    if _libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_THP_DISABLE): {os.strerror(err)}")
+
+
+# ---- ending children ------------------------------------------------------------------
 
 
 def stop(p: subprocess.Popen, grace: float = 3.0) -> None:
@@ -32,6 +70,29 @@ def _kill_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def kill_pids(pids: Iterable[int], signals: Sequence[Optional[int]] = (None, signal.SIGTERM, signal.SIGKILL),
+              wait: float = 5.0) -> list[int]:
+    """Ends processes known by pid, each step waiting up to `wait` seconds for them to go:
+    by default first a moment to exit by themselves (None), then SIGTERM, then SIGKILL.
+    Only for pids known to be ours (e.g. children seen under a server before it stopped).
+    Returns those still running at the end (empty when all are gone)."""
+    left = [p for p in pids if pid_running(p)]
+    for sig in signals:
+        if not left:
+            break
+        if sig is not None:
+            for p in left:
+                try:
+                    os.kill(p, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        deadline = time.monotonic() + wait
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)
+            left = [p for p in left if pid_running(p)]
+    return left
 
 
 def describe_exit(code: Optional[int]) -> str:

@@ -11,38 +11,44 @@ Every server here:
   * is checked for the preloaded library in /proc/PID/maps once it answers;
   * can be polled for "died mid-run" (check_alive raises SuiteError with its log tail);
   * stops with stop(): its stop signal, SIGKILL after a timeout, leftover children
-    too; idempotent, safe in finally blocks; also a context manager.
+    too; idempotent, safe in finally blocks; also a context manager. A stop that is
+    interrupted (a second Ctrl-C) still kills the server and its children by pid, and
+    the directory is removed only once they are confirmed gone.
 A module-level registry (live_servers) holds every started, not yet stopped server; an
 atexit hook stops whatever is left, and each server gets PR_SET_PDEATHSIG so it does
 not outlive a lab process that was SIGKILLed.
 
-Also here: free_port, RSS readers and RssSampler (a thread that samples a process's or a
-process tree's RSS every 100-250 ms into [t, kib] pairs), run_client (runs a load
-generator while watching the servers, so a server crash stops the run at once), and
-tiny clients for Redis (RESP) and for MySQL-protocol servers (SphinxQL).
+Also here: which (a program, or the package to install), free_port, log_tail, and
+run_client (runs a load generator while watching the servers, so a server crash stops
+the run at once).
+
+Elsewhere: the protocol clients (Redis, MySQL/SphinxQL) are in keel_lab.clients, the
+/proc readers in keel_lab.procfs, the RSS sampler in keel_lab.measure, and the
+preexec_fn helpers and process killers in keel_lab.procs.
 """
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
 import pwd
 import re
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import IO, Optional, Self
-from collections.abc import Callable, Iterable, Sequence
+from typing import IO, Optional
+from collections.abc import Callable, Sequence
 
+from . import procs
 from .allocators import Allocator
-from .measure import proc_kib
-from .suites.base import SuiteError
+from .clients import MySQLMini, RedisClient
+from .errors import SuiteError
+from .measure import RssSampler
+from .procfs import descendants, pid_running, rss_kib, tree_kib
 
 LOG_TAIL_LINES = 40
 
@@ -103,85 +109,6 @@ def free_port(port: Optional[int] = None) -> int:
         s.close()
 
 
-def pid_running(pid: int) -> bool:
-    """True while the process exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            st = f.read().rsplit(")", 1)[1].split()[0]
-        return st not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
-def proc_status_kib(pid: int, field: str = "VmRSS") -> Optional[int]:
-    """A 'kB' field of /proc/PID/status (VmRSS, VmHWM, RssAnon, ...), None if gone, 0 if
-    the process has no such line."""
-    return proc_kib(f"/proc/{pid}/status", field, absent=0)
-
-
-def rss_kib(pid: int) -> Optional[int]:
-    return proc_status_kib(pid, "VmRSS")
-
-
-def children(pid: int) -> list[int]:
-    """All descendants of a process (from /proc/PID/task/*/children)."""
-    out: list[int] = []
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for t in tasks:
-            try:
-                with open(f"/proc/{p}/task/{t}/children") as f:
-                    kids = [int(x) for x in f.read().split()]
-            except (OSError, ValueError):
-                continue
-            for k in kids:
-                if k not in out:
-                    out.append(k)
-                    todo.append(k)
-    return out
-
-
-def tree_kib(pid: int, field: str = "VmRSS") -> Optional[int]:
-    """Sum of a /proc/PID/status field over the process and all its descendants."""
-    own = proc_status_kib(pid, field)
-    if own is None:
-        return None
-    return own + sum(proc_status_kib(c, field) or 0 for c in children(pid))
-
-
-def cpu_seconds(pid: int, tree: bool = False) -> Optional[float]:
-    """User + system CPU seconds of a process (all its threads); with tree, plus its
-    live descendants and the children it has reaped (so a PostgreSQL backend that exits
-    between two readings still counts once). None if the process is gone."""
-    tick = os.sysconf("SC_CLK_TCK")
-
-    def times(p: int) -> Optional[tuple[int, int]]:
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                f_ = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            return None
-        # after the command: state is field 3, utime 14, stime 15, cutime 16, cstime 17
-        return int(f_[11]) + int(f_[12]), int(f_[13]) + int(f_[14])
-
-    own = times(pid)
-    if own is None:
-        return None
-    total = own[0] + (own[1] if tree else 0)
-    if tree:
-        total += sum((times(c) or (0, 0))[0] for c in children(pid))
-    return total / tick
-
-
-def smaps_rollup_kib(pid: int, field: str = "AnonHugePages") -> Optional[int]:
-    return proc_kib(f"/proc/{pid}/smaps_rollup", field, absent=0)
-
-
 def log_tail(path: Optional[Path], n: int = LOG_TAIL_LINES) -> str:
     if not path:
         return ""
@@ -206,26 +133,6 @@ def describe_status(rc: Optional[int]) -> str:
     return f"exit status {rc}"
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-PR_SET_PDEATHSIG = 1
-PR_SET_THP_DISABLE = 41
-
-
-def _pdeathsig() -> None:
-    # The server gets SIGTERM if the lab process dies without stopping it (e.g. SIGKILL).
-    # Linux sends it when the *thread* that started the child exits: start servers from
-    # a thread that outlives them (the suites run in the main thread).
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-
-def thp_disable() -> None:
-    """prctl(PR_SET_THP_DISABLE, 1): no transparent huge pages for this process and
-    everything it forks/execs (inherited across fork and execve). Use as preexec_fn."""
-    if _libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"prctl(PR_SET_THP_DISABLE): {os.strerror(err)}")
-
-
 def linked_libc(binary: str) -> Optional[str]:
     """The libc.so.6 a program loads (from ldd), None if unknown."""
     try:
@@ -243,71 +150,6 @@ def linked_mallocs(binary: str) -> list[str]:
     except (OSError, subprocess.TimeoutExpired):
         return []
     return sorted(set(re.findall(r"(lib(?:jemalloc|tcmalloc\w*|mimalloc)[\w.-]*\.so[\w.]*)", out)))
-
-
-# --------------------------------------------------------------------------------------
-# RSS sampling
-
-
-class RssSampler:
-    """Samples a value in KiB (default: VmRSS of pid; tree=True sums the process and its
-    descendants) every `interval` seconds in a thread. samples: [[t, kib], ...] with t in
-    seconds since start(). Use as a context manager or start()/stop()."""
-
-    def __init__(self, pid: Optional[int] = None, interval: float = 0.2, tree: bool = False,
-                 fn: Optional[Callable[[], Optional[int]]] = None, field: str = "VmRSS"):
-        if fn is None:
-            if pid is None:
-                raise ValueError("RssSampler needs a pid or a fn")
-            fn = (lambda: tree_kib(pid, field)) if tree else (lambda: proc_status_kib(pid, field))
-        self.fn = fn
-        self.interval = interval
-        self.samples: list[list[float]] = []
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-        self.t0 = 0.0
-
-    def _sample(self) -> None:
-        try:
-            v = self.fn()
-        except Exception:  # a vanished process: no sample
-            v = None
-        if v is not None:
-            self.samples.append([round(time.monotonic() - self.t0, 3), int(v)])
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._sample()
-
-    def start(self) -> RssSampler:
-        self.t0 = time.monotonic()
-        self._sample()
-        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> RssSampler:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(5)
-            self._thread = None
-            self._sample()
-        return self
-
-    @property
-    def peak(self) -> Optional[int]:
-        peak = max((s[1] for s in self.samples), default=None)
-        return None if peak is None else int(peak)
-
-    @property
-    def last(self) -> Optional[int]:
-        return int(self.samples[-1][1]) if self.samples else None
-
-    def __enter__(self) -> RssSampler:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 # --------------------------------------------------------------------------------------
@@ -371,6 +213,7 @@ class Server:
         self.preload: Optional[str] = None        # what LD_PRELOAD holds
         self.notes: list[str] = []
         self._stopped = False
+        self._kids: list[int] = []      # the server's descendants, as stop() saw them
         self._log_fh: Optional[IO[bytes]] = None
 
     # start() makes the directory and starts the process: what the subclasses' _prepare,
@@ -437,7 +280,7 @@ class Server:
         return env
 
     def _preexec(self) -> None:
-        _pdeathsig()
+        procs.pdeathsig()
         if self.preexec is not None:
             self.preexec()
 
@@ -523,51 +366,115 @@ class Server:
                 f"{describe_status(self.returncode)}\n{log_tail(self.log_path)}")
 
     def rss_kib(self) -> Optional[int]:
+        """VmRSS of the server process (None before start() or once it is gone)."""
         return rss_kib(self.pid) if self.pid else None
 
     def tree_rss_kib(self, field: str = "VmRSS") -> Optional[int]:
+        """`field` of /proc/PID/status summed over the server and its descendants."""
         return tree_kib(self.pid, field) if self.pid else None
 
-    def sampler(self, interval: float = 0.2, tree: bool = False, field: str = "VmRSS") -> RssSampler:
-        return RssSampler(self.pid, interval=interval, tree=tree, field=field)
+    def sampler(self, interval: float = 0.2, children: bool = False,
+                field: str = "VmRSS") -> RssSampler:
+        """An RssSampler of the server (children=True: with its descendants)."""
+        return RssSampler(self.run_pid, interval=interval, children=children, field=field)
 
     def stop(self, timeout: Optional[float] = None) -> Optional[int]:
         """Stop signal, then SIGKILL after `timeout`; then leftover descendants.
-        Idempotent. Returns the exit status (negative: killed by that signal)."""
+        Idempotent. Returns the exit status (negative: killed by that signal).
+
+        Interrupted part-way (a second Ctrl-C while it waits for the server to exit) or
+        failing, it still kills the server and the children it saw, by pid, then raises
+        that exception again. The directory is removed only once the server has exited
+        and those children are gone: if that cannot be confirmed, the directory is kept,
+        the server stays in live_servers() (the atexit hook stops it again) and stop()
+        raises (SuiteError naming what still runs, if nothing else was raised)."""
         if self._stopped:
             return self.returncode
-        self._stopped = True
         timeout = self.stop_timeout if timeout is None else timeout
+        pending: Optional[BaseException] = None
         try:
-            if self.popen is not None:
-                kids = children(self.popen.pid)
-                if self.popen.poll() is None:
-                    try:
-                        self.popen.send_signal(self.stop_signal)
-                    except ProcessLookupError:
-                        pass
-                    try:
-                        self.popen.wait(timeout)
-                    except subprocess.TimeoutExpired:
-                        kids += [k for k in children(self.popen.pid) if k not in kids]
-                        try:
-                            self.popen.kill()
-                        except ProcessLookupError:
-                            pass
-                        self.popen.wait(30)
-                self.returncode = self.popen.returncode
-                _reap_leftovers(kids)
-        finally:
-            with _live_lock:
-                if self.pid is not None:
-                    _live.pop(self.pid, None)
-            if self._log_fh is not None:
-                self._log_fh.close()
-                self._log_fh = None
+            self._terminate(timeout)
+        except BaseException as e:  # noqa: BLE001 -- KeyboardInterrupt too: kill, then re-raise
+            pending = e
+            try:
+                self._kill_now()
+            except BaseException:  # noqa: BLE001 -- another Ctrl-C: the check below decides
+                pass
+        if self._log_fh is not None:
+            self._log_fh.close()
+            self._log_fh = None
+        running = self._still_running()
+        if running:
+            if pending is None:
+                pending = SuiteError(
+                    f"{self.name} (pid {self.pid}) did not stop: still running: "
+                    f"{', '.join(map(str, running))}" + (f"; its directory {self.dir} is kept"
+                                                         if self._own_dir and self.dir else ""))
+            raise pending
+        self._stopped = True
+        if self.popen is not None:
+            self.returncode = self.popen.returncode
+        with _live_lock:
+            if self.pid is not None:
+                _live.pop(self.pid, None)
+        try:
             self._cleanup()
+        finally:
             if self._own_dir and self.dir is not None:
                 shutil.rmtree(self.dir, ignore_errors=True)
+        if pending is not None:
+            raise pending
         return self.returncode
+
+    def _terminate(self, timeout: float) -> None:
+        """stop()'s orderly part: the stop signal, SIGKILL after `timeout`, then the
+        children seen under the server (postgres' backends) ended by pid."""
+        if self.popen is None:
+            return
+        self._note_children()
+        if self.popen.poll() is None:
+            try:
+                self.popen.send_signal(self.stop_signal)
+            except ProcessLookupError:
+                pass
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._note_children()
+                try:
+                    self.popen.kill()
+                except ProcessLookupError:
+                    pass
+                self.popen.wait(30)
+        procs.kill_pids(self._kids)
+
+    def _kill_now(self) -> None:
+        """stop()'s way out when interrupted: SIGKILL to the server and to the children
+        seen under it, by pid, and a short wait for them to go."""
+        if self.popen is None:
+            return
+        self._note_children()
+        try:
+            self.popen.kill()
+        except ProcessLookupError:
+            pass
+        procs.kill_pids(self._kids, signals=(signal.SIGKILL,), wait=2.0)
+        try:
+            self.popen.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def _note_children(self) -> None:
+        """Adds the server's current descendants to those stop() ends (while it runs)."""
+        if self.popen is not None and self.popen.poll() is None:
+            self._kids += [k for k in descendants(self.popen.pid) if k not in self._kids]
+
+    def _still_running(self) -> list[int]:
+        """The server's pid and its children's that stop() has not seen go."""
+        if self.popen is None:
+            return []
+        left = [] if self.popen.poll() is not None else [self.popen.pid]
+        return left + [k for k in self._kids if pid_running(k)]
 
     def _cleanup(self) -> None:
         """Subclass hook, after the process is gone and before the dir is removed."""
@@ -584,127 +491,7 @@ class Server:
         return f"<{type(self).__name__} pid={self.pid} port={self.port} alloc={self.allocator.name}>"
 
 
-def _reap_leftovers(pids: Iterable[int]) -> None:
-    """Children of a stopped server (postgres backends) must not outlive it: a moment
-    to exit by themselves, then SIGTERM, then SIGKILL. Only pids we saw as its children."""
-    pids = [p for p in pids if pid_running(p)]
-    for sig in (None, signal.SIGTERM, signal.SIGKILL):
-        if not pids:
-            return
-        if sig is not None:
-            for p in pids:
-                try:
-                    os.kill(p, sig)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 5
-        while pids and time.monotonic() < deadline:
-            time.sleep(0.1)
-            pids = [p for p in pids if pid_running(p)]
-
-
-# ---- the clients' connection ---------------------------------------------------------
-
-
-class TcpClient:
-    """A TCP connection for the minimal protocol clients below: sock (TCP_NODELAY) and f,
-    its buffered reader; close() on leaving a with block."""
-
-    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 30.0):
-        self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.f = self.sock.makefile("rb")
-
-    def close(self) -> None:
-        try:
-            self.f.close()
-            self.sock.close()
-        except OSError:
-            pass
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
 # ---- Redis ---------------------------------------------------------------------------
-
-
-class RedisClient(TcpClient):
-    """Minimal RESP client: command() and pipeline()."""
-
-    @staticmethod
-    def encode(*args) -> bytes:
-        out = [b"*%d\r\n" % len(args)]
-        for a in args:
-            a = a if isinstance(a, bytes) else str(a).encode()
-            out.append(b"$%d\r\n%s\r\n" % (len(a), a))
-        return b"".join(out)
-
-    def _reply(self):
-        line = self.f.readline()
-        if not line:
-            raise ConnectionError("redis closed the connection")
-        t, rest = line[:1], line[1:-2]
-        if t == b"+":
-            return rest.decode()
-        if t == b"-":
-            return RedisReplyError(rest.decode())
-        if t == b":":
-            return int(rest)
-        if t == b"$":
-            n = int(rest)
-            if n < 0:
-                return None
-            data = self.f.read(n + 2)
-            return data[:-2]
-        if t == b"*":
-            n = int(rest)
-            return None if n < 0 else [self._reply() for _ in range(n)]
-        raise ConnectionError(f"bad RESP reply {line!r}")
-
-    def command(self, *args):
-        self.sock.sendall(self.encode(*args))
-        r = self._reply()
-        if isinstance(r, RedisReplyError):
-            raise r
-        return r
-
-    def pipeline(self, commands: Iterable[Sequence], batch: int = 1000) -> int:
-        """Sends commands in batches, reading the replies; returns the number of errors."""
-        errors = 0
-        buf: list[bytes] = []
-
-        def flush():
-            nonlocal errors
-            self.sock.sendall(b"".join(buf))
-            for _ in range(len(buf)):
-                if isinstance(self._reply(), RedisReplyError):
-                    errors += 1
-            buf.clear()
-
-        for c in commands:
-            buf.append(self.encode(*c))
-            if len(buf) >= batch:
-                flush()
-        if buf:
-            flush()
-        return errors
-
-    def info(self, section: str = "memory") -> dict:
-        text = self.command("INFO", section).decode()
-        out = {}
-        for line in text.splitlines():
-            if ":" in line and not line.startswith("#"):
-                k, v = line.split(":", 1)
-                out[k] = v.strip()
-        return out
-
-
-class RedisReplyError(Exception):
-    pass
 
 
 class RedisServer(Server):
@@ -769,7 +556,7 @@ class MariaDBServer(Server):
                      "--auth-root-authentication-method=normal", "--skip-test-db",
                      f"--innodb-buffer-pool-size={self.buffer_pool}", "--innodb-log-file-size=64M"],
                     stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, timeout=180,
-                    cwd=str(self.dir), preexec_fn=_pdeathsig)
+                    cwd=str(self.dir), preexec_fn=procs.pdeathsig)
             except subprocess.TimeoutExpired:
                 raise SuiteError(f"mariadb-install-db timed out after 180s\n{log_tail(log)}") from None
         if r.returncode != 0:
@@ -878,7 +665,7 @@ class PostgresServer(Server):
                                     "trust", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync"],
                                    env=env, stdin=subprocess.DEVNULL, stdout=fh,
                                    stderr=subprocess.STDOUT, timeout=180, cwd=str(self.dir),
-                                   preexec_fn=_pdeathsig, **kw)
+                                   preexec_fn=procs.pdeathsig, **kw)
             except subprocess.TimeoutExpired:
                 raise SuiteError(f"initdb timed out after 180s\n{log_tail(log)}") from None
         if r.returncode != 0:
@@ -970,98 +757,6 @@ searchd
         return super().died_message(during) + ("\n" + own if own else "")
 
 
-class MySQLError(Exception):
-    pass
-
-
-class MySQLMini(TcpClient):
-    """Just enough of the MySQL client protocol for SphinxQL: handshake without a
-    password, COM_QUERY, text result sets (rows as lists of str/None)."""
-
-    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 30.0,
-                 user: str = "keel"):
-        super().__init__(port, host, timeout)
-        self._read_packet()                          # server greeting
-        caps = 0x0001 | 0x0200 | 0x8000               # long password, protocol 41, secure conn.
-        payload = (struct.pack("<IIB", caps, 1 << 24, 33) + b"\0" * 23 + user.encode() + b"\0"
-                   + b"\0")
-        self._send(payload, 1)
-        p = self._read_packet()
-        if p[:1] == b"\xff":
-            raise MySQLError(self._err(p))
-
-    def _send(self, payload: bytes, seq: int) -> None:
-        self.sock.sendall(struct.pack("<I", len(payload))[:3] + bytes([seq & 0xFF]) + payload)
-
-    def _read_packet(self) -> bytes:
-        hdr = self.f.read(4)
-        if len(hdr) < 4:
-            raise ConnectionError("server closed the connection")
-        n = hdr[0] | hdr[1] << 8 | hdr[2] << 16
-        data = self.f.read(n)
-        if len(data) < n:
-            raise ConnectionError("server closed the connection")
-        return data
-
-    @staticmethod
-    def _err(p: bytes) -> str:
-        msg = p[3:]
-        if msg[:1] == b"#":
-            msg = msg[6:]
-        return msg.decode("utf-8", "replace")
-
-    @staticmethod
-    def _lenenc(p: bytes, i: int) -> tuple[Optional[int], int]:
-        c = p[i]
-        if c < 0xFB:
-            return c, i + 1
-        if c == 0xFB:
-            return None, i + 1
-        if c == 0xFC:
-            return p[i + 1] | p[i + 2] << 8, i + 3
-        if c == 0xFD:
-            return p[i + 1] | p[i + 2] << 8 | p[i + 3] << 16, i + 4
-        return struct.unpack_from("<Q", p, i + 1)[0], i + 9
-
-    def query(self, sql: str) -> list[list[Optional[str]]]:
-        self._send(b"\x03" + sql.encode(), 0)
-        p = self._read_packet()
-        if p[:1] == b"\xff":
-            raise MySQLError(self._err(p))
-        if p[:1] == b"\x00":
-            return []
-        ncols, _ = self._lenenc(p, 0)
-        for _ in range(ncols or 0):
-            self._read_packet()
-        p = self._read_packet()                      # EOF after the column definitions
-        if not (p[:1] == b"\xfe" and len(p) < 9):
-            raise MySQLError("protocol: expected EOF after column definitions")
-        rows: list[list[Optional[str]]] = []
-        while True:
-            p = self._read_packet()
-            if p[:1] == b"\xfe" and len(p) < 9:
-                return rows
-            if p[:1] == b"\xff":
-                raise MySQLError(self._err(p))
-            row: list[Optional[str]] = []
-            i = 0
-            while i < len(p):
-                n, i = self._lenenc(p, i)
-                if n is None:
-                    row.append(None)
-                else:
-                    row.append(p[i:i + n].decode("utf-8", "replace"))
-                    i += n
-            rows.append(row)
-
-    def close(self) -> None:
-        try:
-            self._send(b"\x01", 0)                   # COM_QUIT
-        except OSError:
-            pass
-        super().close()
-
-
 # --------------------------------------------------------------------------------------
 # load generators
 
@@ -1090,7 +785,7 @@ def run_client(argv: Sequence[str], *, servers: Sequence[Server] = (), timeout: 
                 kw = dict(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
             try:
                 proc = subprocess.Popen(list(argv), stdin=inp, stdout=out, stderr=subprocess.STDOUT,
-                                        env=env, start_new_session=True, preexec_fn=_pdeathsig, **kw)
+                                        env=env, start_new_session=True, preexec_fn=procs.pdeathsig, **kw)
             except FileNotFoundError:
                 raise SuiteError(f"{argv[0]} not found") from None
             deadline = time.monotonic() + timeout
@@ -1102,10 +797,10 @@ def run_client(argv: Sequence[str], *, servers: Sequence[Server] = (), timeout: 
                     pass
                 for s in servers:
                     if not s.alive():
-                        _kill(proc)
+                        procs.stop(proc, grace=5.0)
                         raise SuiteError(s.died_message(f"{what}"))
                 if time.monotonic() > deadline:
-                    _kill(proc)
+                    procs.stop(proc, grace=5.0)
                     raise SuiteError(f"{what} did not finish within {timeout:.0f}s\n"
                                      f"{log_tail(out_path, 20)}")
         text = Path(out_path).read_text(errors="replace")
@@ -1118,25 +813,12 @@ def run_client(argv: Sequence[str], *, servers: Sequence[Server] = (), timeout: 
         return text
     finally:
         if proc is not None and proc.poll() is None:
-            _kill(proc)
+            procs.stop(proc, grace=5.0)
         if own_out:
             try:
                 os.unlink(out_path)
             except OSError:
                 pass
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        proc.terminate()
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-    except ProcessLookupError:
-        pass
 
 
 def sleep_watching(seconds: float, servers: Sequence[Server], during: str = "idle") -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import pwd
 import re
-import signal
 import subprocess
 import tempfile
 import time
@@ -36,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from . import procs
 from .elf import open_elf
 
 FAMILIES = ("keel", "jemalloc", "tcmalloc", "mimalloc", "glibc")
@@ -650,21 +650,4 @@ def inspect_command(cmd: list[str], wait: float = 0.5, env: Optional[dict] = Non
                 res.cmdline = " ".join(cmd)
             return res
         finally:
-            stop_group(p)
-
-
-def stop_group(p: subprocess.Popen, grace: float = 3.0) -> None:
-    if p.poll() is not None:
-        return
-    try:
-        os.killpg(p.pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        p.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        p.wait()
+            procs.stop(p)

@@ -1,3 +1,4 @@
+import itertools
 import os
 import subprocess
 import sys
@@ -6,8 +7,8 @@ import time
 import pytest
 
 from keel_lab.measure import (RssSampler, geomean, latency_summary, memory_held_kib,
-                              mesh_views, percentile, proc_kib, pss_kib, read_vmrss_kib, spread,
-                              tree_rss_kib)
+                              mesh_views, percentile, spread)
+from keel_lab.procfs import proc_kib, pss_kib, rss_kib, tree_kib
 
 
 def test_percentiles_match_numpy_linear():
@@ -57,12 +58,44 @@ def test_rss_sampler_sees_a_child_grow_and_gives_peak_and_final():
 def test_rss_of_missing_process_is_none():
     p = subprocess.Popen(["true"])
     p.wait()
-    assert read_vmrss_kib(p.pid) is None
-    assert tree_rss_kib(p.pid) is None
+    assert rss_kib(p.pid) is None
+    assert tree_kib(p.pid) is None
     s = RssSampler(p.pid, interval=0.05).start()
     time.sleep(0.2)
     s.stop()
     assert s.peak_kib is None
+
+
+def test_rss_sampler_samples_itself_at_start_and_stop():
+    with RssSampler(os.getpid(), interval=0.05) as s:
+        assert len(s.series) == 1                 # start() samples at once
+        time.sleep(0.3)
+    n = len(s.series)
+    assert n >= 4                                 # ... and stop() once more
+    assert s.peak_kib >= s.series[0][1] > 0 and s.final_kib == s.series[-1][1]
+    assert all(b[0] >= a[0] for a, b in itertools.pairwise(s.series))
+    s.stop()                                      # idempotent: no further sample
+    assert len(s.series) == n
+
+
+def test_rss_sampler_field_and_fn():
+    me = os.getpid()
+    with RssSampler(me, interval=0.05, field="RssAnon") as anon:
+        time.sleep(0.1)
+    assert anon.peak_kib is not None and 0 < anon.peak_kib <= rss_kib(me) * 1.5
+    values = iter([5, None, 7])
+
+    def fn():
+        v = next(values, None)
+        if v == 7:
+            raise ProcessLookupError               # an exception is no sample
+        return v
+    s = RssSampler(fn=fn, interval=0.02, t0=time.monotonic() - 10).start()
+    time.sleep(0.2)
+    s.stop()
+    assert [k for _, k in s.series] == [5] and s.series[0][0] >= 10    # t from the t0 given
+    with pytest.raises(ValueError, match="a pid or a fn"):
+        RssSampler()
 
 
 # -- memory held, Keel's meshing -------------------------------------------------------
@@ -70,7 +103,7 @@ def test_rss_of_missing_process_is_none():
 
 def test_memory_held_without_meshing_is_vmrss():
     pid = os.getpid()
-    held, rss, pss = memory_held_kib(pid), read_vmrss_kib(pid), pss_kib(pid)
+    held, rss, pss = memory_held_kib(pid), rss_kib(pid), pss_kib(pid)
     assert held is not None and rss is not None and pss is not None
     assert held == pytest.approx(rss, rel=0.03)
     assert 0 < pss <= rss * 1.03
@@ -123,7 +156,7 @@ def test_memory_held_counts_a_mesh_memfd_once_and_keeps_other_shared_memory():
     p = _views_child("keel-mesh", views, pages, cow, other)
     try:
         status = f"/proc/{p.pid}/status"
-        rss, shmem = read_vmrss_kib(p.pid), proc_kib(status, "RssShmem")
+        rss, shmem = rss_kib(p.pid), proc_kib(status, "RssShmem")
         held = memory_held_kib(p.pid)
         assert mesh_views(p.pid) == views
         # RssShmem: every view's unwritten pages, and the other memfd twice
@@ -142,7 +175,7 @@ def test_memory_held_ignores_memfds_of_other_names():
     p = _views_child("not-keel", 3, 1024, 0, 0)
     try:
         assert mesh_views(p.pid) == 0
-        assert memory_held_kib(p.pid) == pytest.approx(read_vmrss_kib(p.pid), rel=0.02)
+        assert memory_held_kib(p.pid) == pytest.approx(rss_kib(p.pid), rel=0.02)
     finally:
         p.kill()
         p.wait()
@@ -222,7 +255,7 @@ def test_memory_held_under_keel_mesh(tmp_path, cc, keel_path):
         for _ in range(10):     # a reading between two ticks of the purger
             before = memfd_kib()
             anon, file_ = proc_kib(status, "RssAnon"), proc_kib(status, "RssFile")
-            held, rss = memory_held_kib(p.pid), read_vmrss_kib(p.pid)
+            held, rss = memory_held_kib(p.pid), rss_kib(p.pid)
             if memfd_kib() == before:
                 break
             time.sleep(0.3)

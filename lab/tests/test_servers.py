@@ -9,7 +9,6 @@ under a minute on the 2-core machine.
 from __future__ import annotations
 
 import fcntl
-import itertools
 import os
 import random
 import signal
@@ -23,7 +22,8 @@ import pytest
 from keel_lab import servers
 from keel_lab.suites.base import SuiteError
 from keel_lab.allocators import Allocator, AllocatorNotFound, find, parse
-from keel_lab.servers import RedisServer, live_servers, pid_running
+from keel_lab.procfs import descendants, pid_running
+from keel_lab.servers import RedisServer, live_servers
 from keel_lab.suites.base import SuiteContext
 
 BUILD = Path(os.environ.get("KEEL_BUILD_DIR") or Path(__file__).resolve().parents[2] / "build")
@@ -110,7 +110,7 @@ class Recorder:
 
     def saw(self, srv) -> None:
         self.stopped_pids.add(srv.pid)
-        self.stopped_pids.update(servers.children(srv.pid))
+        self.stopped_pids.update(descendants(srv.pid))
         if srv._own_dir and srv.dir:
             self.own_dirs.add(srv.dir)
 
@@ -118,7 +118,7 @@ class Recorder:
         self.messages.append(message)
         for s in live_servers():
             self.pids.add(s.pid)
-            self.pids.update(servers.children(s.pid))   # e.g. postgres' auxiliary processes
+            self.pids.update(descendants(s.pid))   # e.g. postgres' auxiliary processes
             if s._own_dir and s.dir:
                 self.own_dirs.add(s.dir)
         if self.on:
@@ -338,14 +338,6 @@ def test_assert_nothing_left_checks_servers_no_message_saw(tmp_path):
     assert_nothing_left(rec.all_pids)
     with pytest.raises(AssertionError, match="no server process was recorded"):
         assert_nothing_left(set())
-
-
-def test_rss_sampler_samples_itself():
-    with servers.RssSampler(os.getpid(), interval=0.05) as s:
-        time.sleep(0.3)
-    assert len(s.samples) >= 3
-    assert s.peak >= s.samples[0][1] > 0
-    assert all(b[0] >= a[0] for a, b in itertools.pairwise(s.samples))
 
 
 # --------------------------------------------------------------------------------------

@@ -29,11 +29,10 @@ from pathlib import Path
 from typing import Optional
 
 from ..allocators import Allocator
-from ..measure import memory_held_kib, mesh_views, pss_kib
-
-
-class SuiteError(RuntimeError):
-    """A failure with a message meant for the operator."""
+# SuiteError is defined in keel_lab.errors (see why there) and is imported from here too
+from ..errors import SuiteError
+from ..measure import memory_held_kib, mesh_views
+from ..procfs import pss_kib
 
 
 def cpu_us_per_txn(before: Optional[float], after: Optional[float], tps: Optional[float],
@@ -167,3 +166,60 @@ class Suite:
 
     def run(self, ctx: SuiteContext) -> dict:
         raise NotImplementedError
+
+
+# ---- options, for the server suites (redis, mariadb, postgres, sphinx) ----------------
+# Options come from `keel bench --set SUITE.KEY=VALUE` as strings, or from tests as
+# Python values; these accept both.
+
+def opt_bool(ctx: SuiteContext, key: str, default: bool = False) -> bool:
+    v = ctx.options.get(key, default)
+    if isinstance(v, str):
+        return v.strip().lower() not in ("", "0", "no", "false", "off")
+    return bool(v)
+
+
+def opt_float(ctx: SuiteContext, key: str, default):
+    v = ctx.options.get(key)
+    if v is None or v == "":
+        return default
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        raise SuiteError(f"option {key}={v!r}: expected a number") from None
+
+
+def opt_list(ctx: SuiteContext, key: str, default: tuple, conv=int) -> tuple:
+    v = ctx.options.get(key)
+    if v is None or v == "":
+        return tuple(default)
+    items = v.split(",") if isinstance(v, str) else (v if isinstance(v, (list, tuple)) else [v])
+    try:
+        return tuple(conv(str(x).strip()) if isinstance(x, str) else conv(x)
+                     for x in items if str(x).strip())
+    except (TypeError, ValueError):
+        raise SuiteError(f"option {key}={v!r}: expected a comma-separated list") from None
+
+
+def opt_env(ctx: SuiteContext, key: str = "extra_env") -> dict:
+    """Extra environment for the server: a dict, or "NAME=VALUE[,NAME=VALUE...]"."""
+    v = ctx.options.get(key)
+    if not v:
+        return {}
+    if isinstance(v, dict):
+        return {str(k): str(x) for k, x in v.items()}
+    out = {}
+    for item in str(v).replace(";", ",").split(","):
+        if item.strip():
+            if "=" not in item:
+                raise SuiteError(f"option {key}: {item!r} is not NAME=VALUE")
+            k, x = item.split("=", 1)
+            out[k.strip()] = x.strip()
+    return out
+
+
+def size_mode(ctx: SuiteContext) -> str:
+    """'tiny' (tests: option tiny=1), 'quick' or 'full'."""
+    if opt_bool(ctx, "tiny"):
+        return "tiny"
+    return "quick" if ctx.quick else "full"

@@ -7,13 +7,12 @@ import os
 import re
 import subprocess
 
-# servers is imported as a module, names looked up at run time: keel_lab.servers
-# imports keel_lab.suites (for SuiteError), which imports this module.
-from .. import cachesim
+from .. import cachesim, procfs
 from .. import servers as sv
+from ..measure import RssSampler, geomean
 from .base import (HELD_NOTE, MESH_STATS_NOTE, Suite, SuiteContext, SuiteError, cpu_us_per_txn,
-                   held_metrics, mesh_estimate_metrics, mesh_stats_metrics, published_mesh_stats)
-from .redis import geomean, opt_float, opt_list, opt_env, size_mode
+                   held_metrics, mesh_estimate_metrics, mesh_stats_metrics, opt_env, opt_float,
+                   opt_list, published_mesh_stats, size_mode)
 
 
 def parse_sysbench(text: str) -> dict:
@@ -105,17 +104,17 @@ class MariaDB(Suite):
             m["rss_after_prepare_kib"] = srv.rss_kib()
 
             total = len(sweep) + 1
-            with sv.RssSampler(srv.pid, interval=0.25) as whole:
+            with RssSampler(srv.pid, interval=0.25) as whole:
                 for i, threads in enumerate(sweep):
                     ctx.progress(f"oltp_read_only, {threads} threads, {secs}s", 0.1 + 0.9 * i / total)
-                    cpu0 = sv.cpu_seconds(srv.run_pid)
-                    with sv.RssSampler(srv.pid, interval=0.2) as samp:
+                    cpu0 = procfs.cpu_seconds(srv.run_pid)
+                    with RssSampler(srv.pid, interval=0.2) as samp:
                         res = self._run(srv, [sb[0], "oltp_read_only", *sb[1:]], threads, secs,
                                         f"sysbench oltp_read_only --threads={threads}")
-                    cpu = cpu_us_per_txn(cpu0, sv.cpu_seconds(srv.run_pid), res.get("tps"), secs)
+                    cpu = cpu_us_per_txn(cpu0, procfs.cpu_seconds(srv.run_pid), res.get("tps"), secs)
                     point = {"x": threads, "throughput": res.get("tps"), "p95_ms": res.get("p95_ms"),
                              "mean_ms": res.get("mean_ms"), "rss_kib": srv.rss_kib(),
-                             "rss_peak_kib": samp.peak, "cpu_us_per_txn": cpu}
+                             "rss_peak_kib": samp.peak_kib, "cpu_us_per_txn": cpu}
                     m[f"cpu_us_per_txn_ro_t{threads}"] = cpu
                     result["points"].append(point)
                     m[f"ro_tps_t{threads}"] = res.get("tps")
@@ -133,9 +132,9 @@ class MariaDB(Suite):
             m["throughput"] = geomean(tps)
             m["p95_ms"] = geomean([p["p95_ms"] for p in result["points"]])
             m["mean_ms"] = geomean([p["mean_ms"] for p in result["points"]])
-            m["rss_peak_kib"] = whole.peak
-            m["rss_final_kib"] = whole.last
-            result["series"] = {"rss_kib": whole.samples}
+            m["rss_peak_kib"] = whole.peak_kib
+            m["rss_final_kib"] = whole.final_kib
+            result["series"] = {"rss_kib": whole.series}
             result["notes"].append(
                 f"size {mode}: {tables} tables x {rows} rows, oltp_read_only at "
                 f"{', '.join(map(str, sweep))} threads for {secs}s each (one server start, one "
@@ -206,15 +205,15 @@ class MariaDBPool(Suite):
             sb = start_and_prepare(srv, ctx, result, tables, rows)
             m["rss_prepare_kib"] = srv.rss_kib()
             result["phases"].append({"phase": "prepare", "rss_kib": m["rss_prepare_kib"]})
-            with sv.RssSampler(srv.pid, interval=0.25) as whole:
+            with RssSampler(srv.pid, interval=0.25) as whole:
                 for c in range(1, cycles + 1):
                     ctx.progress(f"cycle {c}: {threads} connections, oltp_read_write {secs}s",
                                  0.1 + 0.9 * (c - 1) / cycles)
-                    with sv.RssSampler(srv.pid, interval=0.2) as busy:
+                    with RssSampler(srv.pid, interval=0.2) as busy:
                         res = MariaDB._run(srv, [sb[0], "oltp_read_write", *sb[1:]], threads, secs,
                                            f"sysbench oltp_read_write --threads={threads}")
                     m[f"tps_cycle{c}"] = res["tps"]
-                    m[f"rss_busy_kib_cycle{c}"] = busy.peak
+                    m[f"rss_busy_kib_cycle{c}"] = busy.peak_kib
                     ctx.progress(f"cycle {c}: connections closed, idle {idle:.0f}s",
                                  0.1 + 0.9 * (c - 0.5) / cycles)
                     sv.sleep_watching(idle, [srv], f"idle after cycle {c}")
@@ -225,15 +224,15 @@ class MariaDBPool(Suite):
                     idle_rec = {"phase": f"idle {c}", "rss_kib": m[f"rss_idle_kib_cycle{c}"]}
                     if f"held_idle_kib_cycle{c}" in held:
                         idle_rec["held_kib"] = held[f"held_idle_kib_cycle{c}"]
-                    result["phases"] += [{"phase": f"busy {c}", "rss_kib": busy.peak}, idle_rec]
+                    result["phases"] += [{"phase": f"busy {c}", "rss_kib": busy.peak_kib}, idle_rec]
             srv.check_alive("the run")
-            m["rss_peak_kib"] = whole.peak
+            m["rss_peak_kib"] = whole.peak_kib
             m["rss_final_kib"] = m[f"rss_idle_kib_cycle{cycles}"]
             if f"held_idle_kib_cycle{cycles}" in m:
                 m["held_final_kib"] = m[f"held_idle_kib_cycle{cycles}"]
             m["throughput"] = geomean([m[f"tps_cycle{c}"] for c in range(1, cycles + 1)])
             m.update(mesh_estimate_metrics(srv.run_pid, m["rss_final_kib"], "final"))
-            result["series"] = {"rss_kib": whole.samples}
+            result["series"] = {"rss_kib": whole.series}
             result["notes"].append(
                 f"{tables} tables x {rows} rows, innodb_buffer_pool_size={pool}; {cycles} cycles of "
                 f"{threads} connections running oltp_read_write for {secs}s, then disconnecting "

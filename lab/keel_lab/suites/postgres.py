@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import re
 
-# servers is imported as a module, names looked up at run time: keel_lab.servers
-# imports keel_lab.suites (for SuiteError), which imports this module.
+from .. import procfs
 from .. import servers as sv
-from .base import Suite, SuiteContext, SuiteError, cpu_us_per_txn
-from .redis import geomean, opt_float, opt_list, opt_env, size_mode
+from ..measure import RssSampler, geomean
+from .base import (Suite, SuiteContext, SuiteError, cpu_us_per_txn, opt_env, opt_float, opt_list,
+                   size_mode)
 
 
 # pgbench's report: key, type, the patterns tried in turn (the first that matches counts)
@@ -80,7 +80,7 @@ class Postgres(Suite):
 
             total = 2 * len(sweep)
             step = 0
-            with sv.RssSampler(srv.pid, interval=0.25, tree=True) as whole:
+            with RssSampler(srv.pid, interval=0.25, children=True) as whole:
                 for clients in sweep:
                     point: dict = {"x": clients}
                     for wl, flags in (("select", ["-S"]), ("tpcb", [])):
@@ -88,13 +88,13 @@ class Postgres(Suite):
                         step += 1
                         # RssAnon summed too: VmRSS counts shared_buffers pages once per
                         # backend that touched them.
-                        cpu0 = sv.cpu_seconds(srv.run_pid, tree=True)
+                        cpu0 = procfs.cpu_seconds(srv.run_pid, tree=True)
                         # One pgbench thread per connection up to PGBENCH_THREADS: with two
                         # connections on a thread, select-only at 4 clients ran at either
                         # ~58k or ~90k TPS, switching from run to run under every allocator
                         # (glibc and Keel alike, the same two levels); -j 4 gives ~93k every run.
-                        with sv.RssSampler(srv.pid, interval=0.2, tree=True) as samp, \
-                                sv.RssSampler(fn=lambda: sv.tree_kib(srv.run_pid, "RssAnon"), interval=0.2) as anon:
+                        with RssSampler(srv.pid, interval=0.2, children=True) as samp, \
+                                RssSampler(srv.pid, interval=0.2, children=True, field="RssAnon") as anon:
                             out = sv.run_client([*pgb, *flags, "-c", str(clients), "-j",
                                               str(min(clients, PGBENCH_THREADS)), "-T", str(secs), "postgres"],
                                              servers=[srv], timeout=secs + 300,
@@ -106,17 +106,17 @@ class Postgres(Suite):
                         if res.get("failed"):
                             raise SuiteError(f"pgbench {wl} -c {clients}: {res['failed']} failed "
                                              f"transactions")
-                        cpu = cpu_us_per_txn(cpu0, sv.cpu_seconds(srv.run_pid, tree=True), res["tps"], secs)
+                        cpu = cpu_us_per_txn(cpu0, procfs.cpu_seconds(srv.run_pid, tree=True), res["tps"], secs)
                         pre = "" if wl == "select" else "tpcb_"
                         point[f"{pre}cpu_us_per_txn"] = cpu
                         m[f"cpu_us_per_txn_{wl}_c{clients}"] = cpu
                         point[f"{pre}throughput"] = res["tps"]
                         point[f"{pre}mean_ms"] = res.get("mean_ms")
-                        point[f"{pre}rss_kib"] = samp.peak
-                        point[f"{pre}anon_kib"] = anon.peak
+                        point[f"{pre}rss_kib"] = samp.peak_kib
+                        point[f"{pre}anon_kib"] = anon.peak_kib
                         m[f"{wl}_tps_c{clients}"] = res["tps"]
                         m[f"{wl}_mean_ms_c{clients}"] = res.get("mean_ms")
-                        m[f"{wl}_rss_kib_c{clients}"] = samp.peak
+                        m[f"{wl}_rss_kib_c{clients}"] = samp.peak_kib
                     result["points"].append(point)
             srv.check_alive("the run")
             pts = result["points"]
@@ -124,11 +124,11 @@ class Postgres(Suite):
             m["mean_ms"] = geomean([p["mean_ms"] for p in pts])
             m["tpcb_throughput"] = geomean([p["tpcb_throughput"] for p in pts])
             m["tpcb_mean_ms"] = geomean([p["tpcb_mean_ms"] for p in pts])
-            m["rss_peak_kib"] = max([whole.peak or 0] + [p.get(k) or 0 for p in pts
+            m["rss_peak_kib"] = max([whole.peak_kib or 0] + [p.get(k) or 0 for p in pts
                                                           for k in ("rss_kib", "tpcb_rss_kib")])
             m["anon_peak_kib"] = max(p.get(k) or 0 for p in pts for k in ("anon_kib", "tpcb_anon_kib"))
             m["rss_final_kib"] = srv.tree_rss_kib()
-            result["series"] = {"rss_kib": whole.samples}
+            result["series"] = {"rss_kib": whole.series}
             result["notes"].append(
                 f"size {mode}: pgbench scale {scale}, select-only (-S) then TPC-B-like at "
                 f"{', '.join(map(str, sweep))} clients, {secs}s each, -j min(clients, {PGBENCH_THREADS}); "

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 import os
 import random
 import threading
@@ -12,11 +11,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
-# servers is imported as a module, names looked up at run time: keel_lab.servers
-# imports keel_lab.suites (for SuiteError), which imports this module.
 from .. import servers as sv
+from ..measure import RssSampler, geomean
 from .base import (HELD_NOTE, MESH_STATS_NOTE, Suite, SuiteContext, SuiteError, held_metrics,
-                   mesh_estimate_metrics, mesh_stats_metrics, published_mesh_stats)
+                   mesh_estimate_metrics, mesh_stats_metrics, opt_env, opt_float, opt_list,
+                   published_mesh_stats, size_mode)
 
 KEY_FMT = "key:%012d"          # the keys redis-benchmark -r makes of __rand_int__
 
@@ -28,63 +27,6 @@ KEY_FMT = "key:%012d"          # the keys redis-benchmark -r makes of __rand_int
 FILL_SEED = 1
 OVERWRITE_SEED = 2             # + the overwrite's index
 DELETE_SEED = 42
-
-
-# ---- helpers shared by the server suites (redis, mariadb, postgres, sphinx) ----------
-# Options come from `keel bench --set SUITE.KEY=VALUE` as strings, or from tests as
-# Python values; these accept both.
-
-def opt_bool(ctx: SuiteContext, key: str, default: bool = False) -> bool:
-    v = ctx.options.get(key, default)
-    if isinstance(v, str):
-        return v.strip().lower() not in ("", "0", "no", "false", "off")
-    return bool(v)
-
-
-def opt_float(ctx: SuiteContext, key: str, default):
-    v = ctx.options.get(key)
-    if v is None or v == "":
-        return default
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        raise SuiteError(f"option {key}={v!r}: expected a number") from None
-
-
-def opt_list(ctx: SuiteContext, key: str, default: tuple, conv=int) -> tuple:
-    v = ctx.options.get(key)
-    if v is None or v == "":
-        return tuple(default)
-    items = v.split(",") if isinstance(v, str) else (v if isinstance(v, (list, tuple)) else [v])
-    try:
-        return tuple(conv(str(x).strip()) if isinstance(x, str) else conv(x)
-                     for x in items if str(x).strip())
-    except (TypeError, ValueError):
-        raise SuiteError(f"option {key}={v!r}: expected a comma-separated list") from None
-
-
-def opt_env(ctx: SuiteContext, key: str = "extra_env") -> dict:
-    """Extra environment for the server: a dict, or "NAME=VALUE[,NAME=VALUE...]"."""
-    v = ctx.options.get(key)
-    if not v:
-        return {}
-    if isinstance(v, dict):
-        return {str(k): str(x) for k, x in v.items()}
-    out = {}
-    for item in str(v).replace(";", ",").split(","):
-        if item.strip():
-            if "=" not in item:
-                raise SuiteError(f"option {key}: {item!r} is not NAME=VALUE")
-            k, x = item.split("=", 1)
-            out[k.strip()] = x.strip()
-    return out
-
-
-def size_mode(ctx: SuiteContext) -> str:
-    """'tiny' (tests: option tiny=1), 'quick' or 'full'."""
-    if opt_bool(ctx, "tiny"):
-        return "tiny"
-    return "quick" if ctx.quick else "full"
 
 
 def size_label(n: int) -> str:
@@ -283,7 +225,7 @@ class RedisFrag(RedisSuite):
             for n in srv.notes:
                 if n not in result["notes"]:
                     result["notes"].append(n)
-            whole = sv.RssSampler(srv.pid, interval=0.25).start()
+            whole = RssSampler(srv.pid, interval=0.25).start()
             client = None
             try:
                 client = srv.client(timeout=120)
@@ -291,7 +233,7 @@ class RedisFrag(RedisSuite):
                 def phase(name: str, seconds: float) -> None:
                     srv.check_alive(name)
                     info = client.info("memory")
-                    rss = sv.rss_kib(srv.run_pid)
+                    rss = srv.rss_kib()
                     held = held_metrics(srv.run_pid, name, label)
                     # one phase entry per (phase, value size): the report groups by name
                     rec = {"phase": f"{name} {label}", "rss_kib": rss,
@@ -334,9 +276,9 @@ class RedisFrag(RedisSuite):
                 done += 1
 
                 progress(f"idle {idle:.0f}s")
-                with sv.RssSampler(srv.pid, interval=0.25) as idle_s:
+                with RssSampler(srv.pid, interval=0.25) as idle_s:
                     sv.sleep_watching(idle, [srv], "the idle phase")
-                result["series"][f"rss_kib_{label}"] = idle_s.samples
+                result["series"][f"rss_kib_{label}"] = idle_s.series
                 phase("idle", idle)
                 m.update(mesh_estimate_metrics(srv.run_pid, m[f"rss_idle_kib_{label}"], label))
                 done += 1
@@ -345,8 +287,8 @@ class RedisFrag(RedisSuite):
                     client.close()
                 whole.stop()
             srv.check_alive("the run")
-            result["series"][f"run_rss_kib_{label}"] = whole.samples
-            peaks.append(whole.peak or 0)
+            result["series"][f"run_rss_kib_{label}"] = whole.series
+            peaks.append(whole.peak_kib or 0)
             finals.append(m[f"rss_idle_kib_{label}"])
         except (ConnectionError, OSError) as e:
             if not srv.alive():
@@ -387,7 +329,7 @@ class RedisOps(RedisSuite):
             srv.start()
             result["notes"] += srv.notes
             rps, p50, p95, p99, means = [], [], [], [], []
-            with sv.RssSampler(srv.pid, interval=0.2) as samp:
+            with RssSampler(srv.pid, interval=0.2) as samp:
                 for i, (cname, args) in enumerate(configs):
                     ctx.progress(f"redis-benchmark {cname}", i / len(configs))
                     res = _benchmark(srv, ctx, ["-t", self.TESTS, "-r", str(keys), "-d", "64",
@@ -421,9 +363,9 @@ class RedisOps(RedisSuite):
             m["p95_ms"] = _mean(p95)
             m["p99_ms"] = _mean(p99)
             m["mean_ms"] = _mean(means)
-            m["rss_peak_kib"] = samp.peak
-            m["rss_final_kib"] = samp.last
-            result["series"] = {"rss_kib": samp.samples}
+            m["rss_peak_kib"] = samp.peak_kib
+            m["rss_final_kib"] = samp.final_kib
+            result["series"] = {"rss_kib": samp.series}
             result["notes"].append(
                 f"size {mode}: tests {self.TESTS}, 64-byte values, keyspace {keys}; "
                 f"{n_pipe} requests each with -P 16 -c 50, {n_plain} with -c 200 unpipelined. "
@@ -432,11 +374,6 @@ class RedisOps(RedisSuite):
         finally:
             srv.stop()
         return result
-
-
-def geomean(xs) -> Optional[float]:
-    xs = [x for x in xs if x and x > 0]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
 def _mean(xs) -> Optional[float]:

@@ -23,13 +23,12 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .. import paths
+from .. import paths, procfs, procs
+from ..clients import MySQLMini
 from ..corpus import CORPUS_VERSION, Corpus
-# servers is imported as a module, names looked up at run time: keel_lab.servers
-# imports keel_lab.suites (for SuiteError), which imports this module.
 from .. import servers as sv
-from .base import Suite, SuiteContext, SuiteError
-from .redis import opt_bool, opt_float, opt_list, opt_env, size_mode
+from ..measure import RssSampler, percentile
+from .base import Suite, SuiteContext, SuiteError, opt_bool, opt_env, opt_float, opt_list, size_mode
 
 THP_SYSFS = "/sys/kernel/mm/transparent_hugepage/enabled"
 # Each THP setting of the suite and the KEEL_THP policy Keel runs under in it.
@@ -63,15 +62,6 @@ def thp_enabled(pid: int) -> Optional[int]:
     except (OSError, ValueError):
         pass
     return None
-
-
-def percentile(sorted_xs: list[float], q: float) -> Optional[float]:
-    if not sorted_xs:
-        return None
-    k = (len(sorted_xs) - 1) * q
-    lo = int(k)
-    hi = min(lo + 1, len(sorted_xs) - 1)
-    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (k - lo)
 
 
 class Sphinx(Suite):
@@ -208,14 +198,14 @@ index idx
             proc = subprocess.Popen([sv.which("indexer", "sphinxsearch"), "--config", str(conf), "--all"],
                                     stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
                                     env=env, cwd=str(conf.parent), start_new_session=True,
-                                    preexec_fn=sv._pdeathsig)
+                                    preexec_fn=procs.pdeathsig)
             try:
-                with sv.RssSampler(proc.pid, interval=0.1) as samp:
+                with RssSampler(proc.pid, interval=0.1) as samp:
                     rc = proc.wait(3600)
             except BaseException:
-                sv._kill(proc)
+                procs.stop(proc, grace=5.0)
                 raise
-        m["indexer_rss_peak_kib"] = samp.peak
+        m["indexer_rss_peak_kib"] = samp.peak_kib
         out = log.read_text(errors="replace")
         if rc != 0:
             raise SuiteError(f"indexer failed (exit status {rc})\n{sv.log_tail(log)}")
@@ -227,7 +217,7 @@ index idx
         if policy is not None:
             extra["KEEL_THP"] = policy
         srv = sv.SphinxServer(ctx.allocator, workdir=work, index_conf=index_conf, extra_env=extra,
-                              preexec=sv.thp_disable if thp == "off" else None,
+                              preexec=procs.thp_disable if thp == "off" else None,
                               ready_query="SELECT id FROM idx LIMIT 1")
         workers: list[subprocess.Popen] = []
         errs: list = []
@@ -239,7 +229,7 @@ index idx
                 raise SuiteError(f"PR_SET_THP_DISABLE did not take: searchd's THP_enabled is {state}")
             self.thp_state[thp] = state
             # warm-up: every query once, and a check that they all work
-            with sv.MySQLMini(srv.port, timeout=120) as c:
+            with MySQLMini(srv.port, timeout=120) as c:
                 for q in json.loads(qfile.read_text()):
                     try:
                         c.query(q)
@@ -254,13 +244,13 @@ index idx
             env.pop("LD_PRELOAD", None)
             pkg_root = str(Path(__file__).resolve().parents[2])
             env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
-            with sv.RssSampler(srv.pid, interval=0.2) as samp:
+            with RssSampler(srv.pid, interval=0.2) as samp:
                 for i, out in enumerate(outs):
                     errs.append(open(str(out) + ".err", "wb"))
                     workers.append(subprocess.Popen(
                         [*cmd, str(i * 37), str(out)], env=env, stdin=subprocess.DEVNULL,
                         stdout=subprocess.DEVNULL, stderr=errs[-1],
-                        start_new_session=True, preexec_fn=sv._pdeathsig))
+                        start_new_session=True, preexec_fn=procs.pdeathsig))
                 deadline = time.monotonic() + secs + 120
                 while any(w.poll() is None for w in workers):
                     srv.check_alive(f"the query run (THP {thp})")
@@ -287,17 +277,17 @@ index idx
                 "queries": len(lat), "errors": errors,
                 "qps": round(len(lat) / elapsed, 2) if elapsed else None,
                 "mean_ms": round(sum(lat) / len(lat), 4) if lat else None,
-                "p50_ms": percentile(lat, 0.50), "p95_ms": percentile(lat, 0.95),
-                "p99_ms": percentile(lat, 0.99),
-                "rss_peak_kib": samp.peak, "rss_final_kib": srv.rss_kib(),
-                "anon_huge_kib": sv.smaps_rollup_kib(srv.run_pid, "AnonHugePages"),
-                "vmhwm_kib": sv.proc_status_kib(srv.run_pid, "VmHWM"),
-                "series": samp.samples,
+                "p50_ms": percentile(lat, 50), "p95_ms": percentile(lat, 95),
+                "p99_ms": percentile(lat, 99),
+                "rss_peak_kib": samp.peak_kib, "rss_final_kib": srv.rss_kib(),
+                "anon_huge_kib": procfs.smaps_rollup_kib(srv.run_pid, "AnonHugePages", absent=0),
+                "vmhwm_kib": procfs.status_kib(srv.run_pid, "VmHWM", absent=0),
+                "series": samp.series,
             })
             return r
         finally:
             for w in workers:
-                sv._kill(w)
+                procs.stop(w, grace=5.0)
             for f in errs:
                 f.close()
             srv.stop()
@@ -312,7 +302,7 @@ def _worker(port: int, qfile: str, seconds: float, offset: int, out: str) -> Non
     lat: list[float] = []
     errors = 0
     first_error = None
-    c = sv.MySQLMini(port, timeout=60)
+    c = MySQLMini(port, timeout=60)
     i = offset
     t0 = time.perf_counter()
     end = t0 + seconds

@@ -31,7 +31,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ..measure import read_vmrss_kib
+from ..procfs import rss_kib
 from ..paths import NATIVE_DIR, cache_dir
 from ..procs import LineReader, describe_exit, stop
 from .base import Suite, SuiteContext, SuiteError
@@ -165,13 +165,13 @@ class ThreadsSuite(Suite):
                 raise RuntimeError("threads_park was started without a stdin pipe")
             self._expect(p, rd, "base", timeout, ctx.allocator.name)
             time.sleep(settle)
-            base = read_vmrss_kib(p.pid)
+            base = rss_kib(p.pid)
             stdin.write(b"go\n")
             stdin.flush()
             line = self._expect(p, rd, "parked", timeout, ctx.allocator.name)
             start_ms = int(line.split()[1]) / 1e6
             time.sleep(settle)
-            parked = read_vmrss_kib(p.pid)
+            parked = rss_kib(p.pid)
             stdin.write(b"exit\n")
             stdin.flush()
             self._expect(p, rd, "done", timeout, ctx.allocator.name)
