@@ -119,16 +119,16 @@ API void* rallocx(void* p, size_t n, int flags) {
   if (align <= 16 || ((uintptr_t)p & (align - 1)) == 0) {
     if (want == old) return p;
     uint8_t kind = keel_pagemap_get(p);
-    if (kind == KEEL_KIND_LARGE && tier == TIER_LARGE) {
-      if (_keel_large_realloc(p, want) != NULL) {
-        if (zero && want > old) memset((char*)p + old, 0, want - old);
-        return p;
+    bool large = kind == KEEL_KIND_LARGE && tier == TIER_LARGE;
+    if (large || (kind == KEEL_KIND_HUGE && tier == TIER_HUGE && align <= _keel_page_size)) {
+      /* A large block takes exactly `want` (whole units). Pages mremap adds to a huge one
+       * are fresh anonymous memory: zero without a memset. A small shrink keeps the
+       * mapping as it is (huge.c), so the block may stay bigger. */
+      void* q = _keel_realloc_big(p, kind, large ? want : n);
+      if (q != NULL) {
+        if (large && zero && want > old) memset((char*)p + old, 0, want - old);
+        return q;
       }
-    } else if (kind == KEEL_KIND_HUGE && tier == TIER_HUGE && align <= _keel_page_size) {
-      /* Pages added by mremap are fresh anonymous memory: zero without a memset. A small
-       * shrink keeps the mapping as it is (huge.c), so the block may stay bigger. */
-      void* q = _keel_huge_realloc(p, n);
-      if (q != NULL) return q;
     }
   }
   void* q = _keel_alloc_any(zero ? want : n, align, zero, flag_via_cache(flags));
