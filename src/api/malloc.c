@@ -215,13 +215,8 @@ API void* KEEL_FN(realloc)(void* p, size_t n) {
     if (((uintptr_t)p & 15) != 0) _keel_misuse("realloc", "invalid pointer", p, ": not the start of a block", old);
     /* Same block if it fits and shrinking would not free at least half of it. */
     if (n <= old && n >= old / 2) return p;
-  } else if (kind == KEEL_KIND_LARGE) {
-    if (_keel_profiling) _keel_profile_forget(p); /* resized in place: no longer a sample */
-    void* q = _keel_large_realloc(p, n);
-    if (q) return q;
-  } else if (kind == KEEL_KIND_HUGE && n > KEEL_LARGE_MAX) {
-    if (_keel_profiling) _keel_profile_forget(p);
-    void* q = _keel_huge_realloc(p, n);
+  } else {
+    void* q = _keel_realloc_big(p, kind, n); /* large in place, huge by remapping */
     if (q) return q;
   }
   void* q = KEEL_FN(malloc)(n);

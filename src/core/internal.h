@@ -540,6 +540,9 @@ enum { TIER_NONE, TIER_SMALL, TIER_LARGE, TIER_HUGE };
 size_t _keel_usable_for(size_t n, size_t align, int* tier) KEEL_INTERNAL;
 /* Usable size of a live block; reports misuse (naming `call`) for anything else. */
 size_t _keel_usable_size(const void* p, const char* call) KEEL_INTERNAL;
+/* realloc's and rallocx's resize of a large or huge block (kind: its page-map kind)
+ * without a copy; NULL: the caller allocates, copies and frees. */
+void* _keel_realloc_big(void* p, uint8_t kind, size_t n) KEEL_INTERNAL;
 
 /* ---- checked mode (checked.c) -------------------------------------------------------
  * KEEL_CHECK=1: every block gets a canary tail and its requested size, freed blocks are
