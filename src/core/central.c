@@ -513,6 +513,12 @@ static bool purge_allowed(keel_slab_t* s) {
          !_keel_pageheap_promoted(slab_base(keel_chunk_of(s), s), s->units);
 }
 
+/* Lock held, the class cold: the blocks of mask (word w of slab s) just came back. */
+static KEEL_COLD void purge_pages_of_blocks(const keel_class_t* k, keel_slab_t* s, unsigned w, uint64_t mask) {
+  if (!purge_allowed(s)) return;
+  for (; mask != 0; mask &= mask - 1) purge_pages_of_block(k, s, (size_t)w * 64 + (size_t)__builtin_ctzll(mask));
+}
+
 /* ---- borrowing -----------------------------------------------------------------------
  * A slab holds blocks of one size, so the holes a class leaves when its blocks are
  * freed at random (a server overwriting 1 KiB values with 700-byte ones) are filled
@@ -891,7 +897,7 @@ uint64_t _keel_central_borrowed_blocks(void) { return __atomic_load_n(&borrowed_
 
 /* Lock held: the n blocks of mask (bits of bitmap word w of slab s, all checked to be
  * out of the slab) come back. */
-static void slab_put_bits(keel_central_t* cl, unsigned cls, keel_slab_t* s, unsigned w, uint64_t mask, unsigned n) {
+static KEEL_NOINLINE void slab_put_bits(keel_central_t* cl, unsigned cls, keel_slab_t* s, unsigned w, uint64_t mask, unsigned n) {
   const keel_class_t* k = &_keel_classes[cls];
   if (s->row == 0 && s->ready > 1) slab_rows_restore(s, k);
   KEEL_SLAB_BITS(s, w) |= mask;
@@ -902,9 +908,8 @@ static void slab_put_bits(keel_central_t* cl, unsigned cls, keel_slab_t* s, unsi
   s->used = (uint16_t)(s->used - n);
   cl->out -= n;
   uint32_t cold = __atomic_load_n(&cold_ticks, __ATOMIC_RELAXED);
-  if (KEEL_UNLIKELY(cold != 0 && now - __atomic_load_n(&cl->take_tick, __ATOMIC_RELAXED) >= cold) && s->used > 0 && purge_allowed(s))
-    for (uint64_t m = mask; m != 0; m &= m - 1)
-      purge_pages_of_block(k, s, (size_t)w * 64 + (size_t)__builtin_ctzll(m));
+  if (KEEL_UNLIKELY(cold != 0 && now - __atomic_load_n(&cl->take_tick, __ATOMIC_RELAXED) >= cold) && s->used > 0)
+    purge_pages_of_blocks(k, s, w, mask);
   if (s->used == 0) {
     /* Keep a lone empty slab: releasing it would make a class that is used a little
      * at a time create and destroy the same slab over and over. */
