@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # jemalloc API test: Debian's redis-server, which is linked to libjemalloc.so.2, under
 # LD_PRELOAD=<libkeel.so>. Its malloc/free come to Keel by the preload; since Keel also
-# exports mallctl, nallocx and malloc_stats_print (src/api/jemalloc_compat.c), its
+# exports mallctl, nallocx and malloc_stats_print (src/api/jemalloc_compat.c, mallctl.c, stats_print.c), its
 # allocator introspection must come to Keel too, not to the idle jemalloc:
 #   - INFO memory: allocator_allocated/active/resident are Keel's figures (allocated
 #     close to Redis' own used_memory; jemalloc's would be near zero here);
