@@ -82,8 +82,9 @@ static void drain_transfer(keel_central_t* cl, unsigned cls, uint32_t now, uint3
 
 /* Lock held. Purges every OS page of slab s whose blocks are all free in the slab (a
  * block that spans two pages keeps both). After deletes, most memory sits in slabs
- * that still hold a few live blocks: this is how it goes back to the OS. */
-static void trim_slab(unsigned cls, keel_slab_t* s) {
+ * that still hold a few live blocks: this is how it goes back to the OS. Out of line:
+ * one copy serves both passes below, whose cost is the madvise calls. */
+static KEEL_NOINLINE void trim_slab(unsigned cls, keel_slab_t* s) {
   const keel_class_t* k = &_keel_classes[cls];
   size_t page = _keel_page_size, bytes = (size_t)s->units << KEEL_UNIT_SHIFT;
   size_t run_start = 0, run_len = 0;
