@@ -90,8 +90,10 @@ static bool borrowing(uint32_t* now, uint32_t* cold) {
   /* Without the purger there is no clock for "cold". Under meshing the holes are left
    * to the mesher: a borrowed block makes the lender's pages denser, so fewer of them
    * pair up once the program idles (redis-frag held more with both than with meshing
-   * alone). */
-  return *cold != 0 && !_keel_profiling &&
+   * alone). The settings say so, not the features' state: KEEL_MESH may change at any
+   * time, and KEEL_PROFILE_RATE is not 0 exactly when the profiler runs (it cannot be
+   * switched on or off once started). */
+  return *cold != 0 && __atomic_load_n(&_keel_options.profile_rate, __ATOMIC_RELAXED) == 0 &&
          __atomic_load_n(&_keel_options.mesh, __ATOMIC_RELAXED) == KEEL_MESH_OFF;
 }
 

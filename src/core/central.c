@@ -16,6 +16,7 @@
 keel_central_t _keel_central_slots[KEEL_NUM_CLASSES] KEEL_CENTRAL_BSS;
 uint8_t _keel_central_slot[KEEL_NUM_CLASSES];
 uint64_t _keel_ticks;
+bool (*_keel_central_unmesh)(void* addr, size_t len);
 
 /* Classes whose lock has ever been taken are active. The fork handlers take every lock,
  * and a lock taken is a page written: all 127 central lists are 24 KiB, written in full
@@ -188,9 +189,11 @@ static keel_slab_t* slab_new(unsigned cls, bool sampled) {
 }
 
 /* An empty slab may go back to the page heap once none of its pages is a mesh view any
- * more (the page heap counts on purged memory reading zero; a view re-reads its file). */
+ * more (the page heap counts on purged memory reading zero; a view re-reads its file).
+ * Only meshing marks a slab meshed, and it sets the hook first. */
 static bool slab_releasable(keel_slab_t* s) {
-  if (s->meshed && _keel_mesh_leave(slab_base(keel_chunk_of(s), s), (size_t)s->units << KEEL_UNIT_SHIFT))
+  if (s->meshed && __atomic_load_n(&_keel_central_unmesh, __ATOMIC_RELAXED)(
+                       slab_base(keel_chunk_of(s), s), (size_t)s->units << KEEL_UNIT_SHIFT))
     s->meshed = 0;
   return !s->meshed;
 }

@@ -460,6 +460,11 @@ uint64_t _keel_central_borrowed_blocks(void) KEEL_INTERNAL;
 void* _keel_central_take_sampled(unsigned cls) KEEL_INTERNAL;
 /* True if block p (of class cls) is free in its slab: proves a double free. */
 bool _keel_central_is_free(unsigned cls, void* p) KEEL_INTERNAL;
+/* Meshing's hook (mesh.c sets it before it makes any page of a slab a view; NULL until
+ * then): class lock held, the pages of [addr, addr + len) of a slab marked meshed leave
+ * their mesh, views becoming fresh memory; false if one could not. The central lists call
+ * it, never meshing by name; with meshing off no slab is meshed and it is never read. */
+extern bool (*_keel_central_unmesh)(void* addr, size_t len) KEEL_INTERNAL;
 /* Returns free memory of every class now (slab_trim.c, like _keel_central_decay), not on the purger's timer: transfer caches
  * back to their slabs, empty slabs to the page heap, and the free pages of up to
  * max_trims partly used slabs purged. Returns the bytes purged. */
@@ -496,7 +501,8 @@ bool _keel_mesh_plan(unsigned cls, keel_mesh_visit_t visit, void* ctx) KEEL_INTE
 bool _keel_mesh_page_meshable(uintptr_t p) KEEL_INTERNAL;
 /* Class lock held: the views among the pages of [addr, addr + len) are replaced by fresh
  * memory (their blocks are all free). Returns false if one could not be (it stays a
- * view: the caller must then keep the memory it is in). */
+ * view: the caller must then keep the memory it is in). The central lists reach it as
+ * _keel_central_unmesh. */
 bool _keel_mesh_leave(void* addr, size_t len) KEEL_INTERNAL;
 void _keel_mesh_tick(void) KEEL_INTERNAL; /* the purger's meshing pass */
 void _keel_mesh_lock_all(void) KEEL_INTERNAL;   /* fork: before the central locks */
@@ -652,6 +658,10 @@ void _keel_tcache_stats(keel_stats_t* out, uint64_t* cached_bytes) KEEL_INTERNAL
 void _keel_tcache_class_counts(uint64_t* counts /* [KEEL_NUM_CLASSES] */) KEEL_INTERNAL;
 /* Copies _keel_class_serving into every thread cache (the switch to fine classes). */
 void _keel_tcache_classes_changed(void) KEEL_INTERNAL;
+/* The heap profiler's hook (profile.c sets it when profiling starts; NULL without):
+ * starts the sampling countdowns of a new cache's bins. NULL: no bin ever samples. The
+ * thread caches call it, never the profiler by name. */
+extern void (*_keel_tcache_sampling)(keel_tcache_t* t) KEEL_INTERNAL;
 
 /* ---- options (options.c) -------------------------------------------------------------- */
 typedef struct keel_options_s {

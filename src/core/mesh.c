@@ -403,6 +403,10 @@ static size_t mesh_group(unsigned cls, const uintptr_t* cand, unsigned ncand) {
       gr->page[member] = pg[m];
       view_put_raw(pg[m], g << MEMBER_BITS | member);
       member++;
+      /* The central lists hand a meshed slab's pages back through the hook when they
+       * leave it (released, or purged): set before the first slab is marked, under its
+       * class's lock, which every reader of the mark holds. */
+      __atomic_store_n(&_keel_central_unmesh, _keel_mesh_leave, __ATOMIC_RELAXED);
       sl[m]->meshed = 1;
     }
     st.views += nviews;

@@ -58,12 +58,20 @@ KEEL_HOT uint32_t _keel_profile_first_countdown(unsigned cls) {
   return d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
 }
 
+/* The thread caches' hook (_keel_tcache_sampling): a new cache's bins start counting
+ * down to their first sample. */
+static void start_countdowns(keel_tcache_t* t) {
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++)
+    keel_bin_set_countdown(&t->bin[cls], _keel_profile_first_countdown(cls));
+}
+
 /* Writes nothing unless profiling is on (it cannot be turned on later): these
  * variables share a page with the profiler's cold tables, and a process that never
  * profiles should not write it, nor walk the loaded objects for Keel's code range. */
 KEEL_HOT void _keel_profile_init(void) {
   if (_keel_options.profile_rate == 0) return;
   _keel_profiling = true;
+  __atomic_store_n(&_keel_tcache_sampling, start_countdowns, __ATOMIC_RELAXED);
   rng ^= _keel_prim_random();
   big_left = (int64_t)draw(_keel_options.profile_rate);
   _keel_prim_code_range((const void*)&_keel_profile_init, &self_lo, &self_hi);

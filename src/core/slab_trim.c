@@ -41,11 +41,13 @@ bool _keel_slab_page_free(const keel_slab_t* s, const keel_class_t* k, size_t of
   return blocks_free(s, k->count, first, last < k->count ? last : k->count - 1);
 }
 
-/* Purges bytes [from, from + len) of slab s, if any. */
+/* Purges bytes [from, from + len) of slab s, if any. A meshed slab's views among them
+ * become fresh memory first (meshing's hook: only meshing marks a slab meshed, and it
+ * sets the hook before). */
 static void purge_run(keel_slab_t* s, size_t from, size_t len) {
   if (len == 0) return;
   char* base = (char*)slab_base(keel_chunk_of(s), s);
-  if (s->meshed) _keel_mesh_leave(base + from, len); /* views become fresh */
+  if (s->meshed) __atomic_load_n(&_keel_central_unmesh, __ATOMIC_RELAXED)(base + from, len);
   if (_keel_prim_purge(base + from, len)) __atomic_fetch_add(&trimmed_bytes, len, __ATOMIC_RELAXED);
 }
 
