@@ -93,8 +93,7 @@ static bool borrowing(uint32_t* now, uint32_t* cold) {
    * alone). The settings say so, not the features' state: KEEL_MESH may change at any
    * time, and KEEL_PROFILE_RATE is not 0 exactly when the profiler runs (it cannot be
    * switched on or off once started). */
-  return *cold != 0 && __atomic_load_n(&_keel_options.profile_rate, __ATOMIC_RELAXED) == 0 &&
-         __atomic_load_n(&_keel_options.mesh, __ATOMIC_RELAXED) == KEEL_MESH_OFF;
+  return *cold != 0 && keel_opt(profile_rate) == 0 && keel_opt(mesh) == KEEL_MESH_OFF;
 }
 
 unsigned _keel_central_lender_in(const uintptr_t* heads, unsigned cls) {

@@ -705,6 +705,21 @@ typedef enum keel_mesh_policy_e {
 } keel_mesh_policy_t;
 
 extern keel_options_t _keel_options KEEL_INTERNAL;
+/* The rule for options. Every read of one that may change while the program runs goes
+ * through keel_opt(name), a relaxed atomic load (a plain load on x86-64 and aarch64: a
+ * new value lands whole and is seen soon, in no particular order), and every write is a
+ * relaxed atomic store (options.c, mallctl). Those fixed before the first block exists
+ * (options.c's AT_START: check, huge_page_size) may be read plainly. A reader that needs
+ * an order says so with its own __atomic_load_n (publish.c). The one string,
+ * profile_prefix, is written and read a byte at a time (keel_opt_str): a read racing a
+ * change may mix the two values, never run past the array. */
+#define keel_opt(name) __atomic_load_n(&_keel_options.name, __ATOMIC_RELAXED)
+static inline void keel_opt_str_copy(char* dst, size_t cap, const char* src, size_t src_cap) {
+  size_t n = cap < src_cap ? cap : src_cap, i = 0;
+  for (; i + 1 < n && (dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED)) != 0; i++) {}
+  if (n > 0) dst[i] = 0;
+}
+#define keel_opt_str(dst, cap, name) keel_opt_str_copy(dst, cap, _keel_options.name, sizeof _keel_options.name)
 void _keel_options_init(void) KEEL_INTERNAL;
 /* What a run-time option change sets in motion. */
 void _keel_background_start(void) KEEL_INTERNAL; /* start the purger if not running */

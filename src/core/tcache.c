@@ -77,7 +77,7 @@ static void bin_grow(keel_tcache_t* t, unsigned cls) {
   uint32_t grow = k->batch; /* past a batch */
   if (max < k->batch) grow = max == 0 ? 1 : max < k->batch - max ? max : k->batch - max; /* doubling */
   if (max + grow > k->bin_limit) grow = k->bin_limit - max;
-  if (max >= k->batch && t->max_bytes + (size_t)grow * k->size > _keel_options.tcache_bytes)
+  if (max >= k->batch && t->max_bytes + (size_t)grow * k->size > keel_opt(tcache_bytes))
     return;
   t->bin[cls].max += grow;
   t->bin[cls].avail += grow;
