@@ -1,11 +1,9 @@
 /* borrow.c -- a class's free blocks lent to smaller classes: borrowed whole, or carved
- * into rows of much smaller blocks.
+ * into rows of much smaller blocks (the two sections below say why and when).
  *
- * A slab holds blocks of one size, so the holes that random frees leave in one class are
- * refilled only by that class while smaller requests take new slabs; lending the holes
- * keeps those requests on pages the process holds anyway. Its own file because it is a
- * policy on top of the free lists (central.c): it runs only when a class would otherwise
- * take a new slab, and reaches into the lists through slab.h's calls alone. */
+ * Its own file because it is a policy on top of the free lists (central.c), not a part
+ * of them: it runs only when a class would otherwise take a new slab, and it reaches
+ * into the lists through slab.h alone. */
 #include "core/slab.h"
 
 /* ---- borrowing -----------------------------------------------------------------------
