@@ -453,7 +453,8 @@ void* _keel_block_start(unsigned cls, const void* p, bool* exact) {
 
 /* Lock held: the n blocks of mask (bits of bitmap word w of slab s, all checked to be
  * out of the slab) come back. Out of line: put_runs's loop stays small. */
-static KEEL_NOINLINE void slab_put_bits(keel_central_t* cl, unsigned cls, keel_slab_t* s, unsigned w, uint64_t mask, unsigned n) {
+static KEEL_NOINLINE void slab_put_bits(keel_central_t* cl, unsigned cls, keel_slab_t* s, unsigned w, uint64_t mask,
+                                        unsigned n) {
   const keel_class_t* k = &_keel_classes[cls];
   if (s->row == 0 && s->ready > 1) slab_rows_restore(s, k);
   KEEL_SLAB_BITS(s, w) |= mask;

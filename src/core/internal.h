@@ -465,9 +465,10 @@ bool _keel_central_is_free(unsigned cls, void* p) KEEL_INTERNAL;
  * their mesh, views becoming fresh memory; false if one could not. The central lists call
  * it, never meshing by name; with meshing off no slab is meshed and it is never read. */
 extern bool (*_keel_central_unmesh)(void* addr, size_t len) KEEL_INTERNAL;
-/* Returns free memory of every class now (slab_trim.c, like _keel_central_decay), not on the purger's timer: transfer caches
- * back to their slabs, empty slabs to the page heap, and the free pages of up to
- * max_trims partly used slabs purged. Returns the bytes purged. */
+/* Returns free memory of every class now, not on the purger's timer (slab_trim.c, like
+ * _keel_central_decay): transfer caches back to their slabs, empty slabs to the page
+ * heap, and the free pages of up to max_trims partly used slabs purged. Returns the
+ * bytes purged. */
 size_t _keel_central_purge_all(uint32_t max_trims) KEEL_INTERNAL;
 /* All of Keel's free memory back to the OS now (keel_purge, `keel purge PID`, before a
  * fork), at most max_trims partly used slabs trimmed; bytes released (init.c). */

@@ -21,8 +21,8 @@ keel_tcache_t _keel_tc_empty; /* all bins empty with no room: every access misse
  * taken ahead of need (its frees go back to the slabs, where the next thread's
  * allocations find them). A thread that keeps going gets its cache at its next slow-path
  * call, having paid at most YOUNG_OPS lock round trips (a few microseconds). With the
- * heap profiler on (its hook, _keel_tcache_sampling, set), a thread gets its
- * cache at once: sampling counts down in the bins. */
+ * heap profiler on (its hook _keel_tcache_sampling set), a thread gets its cache at
+ * once: sampling counts down in the bins. */
 #define YOUNG_OPS 64
 
 enum { THREAD_NEW = 0, THREAD_YOUNG, THREAD_CACHED, THREAD_BUSY, THREAD_GONE };
