@@ -6,13 +6,17 @@
  * when it has nothing for a thread, or no room, does the thread take the class's lock
  * and go to the slabs: a block goes back to its slab's free bitmap, the ground truth
  * that proves a double free, finds interior pointers, and lets an empty slab return to
- * the page heap at once. */
-#include "core/internal.h"
+ * the page heap at once.
+ *
+ * Lending a class's holes to smaller classes is in borrow.c, returning the free pages
+ * inside slabs to the OS (and the purger's pass over these lists) in slab_trim.c; slab.h
+ * has what the three share. */
+#include "core/slab.h"
 
 keel_central_t _keel_central_slots[KEEL_NUM_CLASSES] KEEL_CENTRAL_BSS;
 uint8_t _keel_central_slot[KEEL_NUM_CLASSES];
 uint64_t _keel_ticks;
-static uint64_t trimmed_bytes; /* returned to the OS from inside partly used slabs */
+bool (*_keel_central_unmesh)(void* addr, size_t len);
 
 /* Classes whose lock has ever been taken are active. The fork handlers take every lock,
  * and a lock taken is a page written: all 127 central lists are 24 KiB, written in full
@@ -45,14 +49,6 @@ KEEL_NOINLINE keel_central_t* _keel_central_activate(unsigned cls) {
   return keel_central_of(cls);
 }
 
-/* Locks cls's central list, activating the class first if needed. No Keel lock may be
- * held (activate_lock comes before the central locks in the fork handlers' order). */
-static inline keel_central_t* lock_class(unsigned cls) {
-  keel_central_t* cl = KEEL_UNLIKELY(!_keel_central_active(cls)) ? _keel_central_activate(cls) : keel_central_of(cls);
-  keel_lock(&cl->lock);
-  return cl;
-}
-
 /* Half batches. In a small heap the bins of a class that spans few slabs move half a
  * batch at a time (tcache.c, bin_batch); they park in the transfer cache as they come,
  * and a bin that wants half a batch and finds a whole one takes its front half and parks
@@ -74,10 +70,6 @@ static void* list_next(const void* q, unsigned cls) {
 
 uint32_t _keel_central_parked_blocks(unsigned cls) { return _keel_transfer_blocks(cls); }
 
-static inline void* slab_base(keel_chunk_t* c, keel_slab_t* head) {
-  return keel_unit_addr(c, (unsigned)(head - c->units));
-}
-
 /* A slab's partial list: ordinary slabs and profile-sample slabs are kept apart. */
 static keel_slab_t** partial_list(keel_central_t* cl, keel_slab_t* s) {
   return s->sampled ? &cl->sampled_partial : &cl->partial;
@@ -95,8 +87,8 @@ static void partial_push(keel_central_t* cl, keel_slab_t* s) {
   s->in_partial = 1;
 }
 
-/* A class's lend_cursor: where its next search for a hole to lend starts (borrowing,
- * below), a slab of its partial list or NULL for the head. */
+/* A class's lend_cursor: where its next search for a hole to lend starts (borrow.c), a
+ * slab of its partial list or NULL for the head. */
 
 static void partial_remove(keel_central_t* cl, keel_slab_t* s) {
   keel_slab_t** cursor = &keel_central_of(s->cls)->lend_cursor;
@@ -110,13 +102,13 @@ static void partial_remove(keel_central_t* cl, keel_slab_t* s) {
 
 static uint64_t slab_units; /* units of all classes' slabs (the switch to fine classes) */
 
-/* Gives slab s its rows of its chunk's free_rest (internal.h) if it has none. The rows
+/* Gives slab s, which has none, its rows of its chunk's free_rest (internal.h). The rows
  * are shared by the slabs of every class in the chunk, each under its own class's lock,
  * hence the CAS. A chunk holds at most 63 slabs and each keeps at most one of the 64
  * aligned pairs from being whole, so there is always room: one of the two words has
- * what is asked for, whatever the other slabs take or give back meanwhile. */
-static void slab_rows_take(keel_slab_t* s, const keel_class_t* k) {
-  if (s->row != 0) return;
+ * what is asked for, whatever the other slabs take or give back meanwhile. Out of line:
+ * its callers inline only the test below. */
+static KEEL_NOINLINE void slab_rows_find(keel_slab_t* s, const keel_class_t* k) {
   unsigned rows = keel_class_rows(k);
   uint64_t* used = keel_chunk_of(s)->rows_used;
   /* Both words can look full only to a reader that others overtake between its two
@@ -139,6 +131,11 @@ static void slab_rows_take(keel_slab_t* s, const keel_class_t* k) {
     }
   }
   _keel_fatal_internal(__FILE__, __LINE__, "a chunk's bitmap rows ran out");
+}
+
+/* Slab s gets its rows if it has none. */
+static inline void slab_rows_take(keel_slab_t* s, const keel_class_t* k) {
+  if (s->row == 0) slab_rows_find(s, k);
 }
 
 static void slab_rows_give_back(keel_slab_t* s, const keel_class_t* k) {
@@ -192,9 +189,11 @@ static keel_slab_t* slab_new(unsigned cls, bool sampled) {
 }
 
 /* An empty slab may go back to the page heap once none of its pages is a mesh view any
- * more (the page heap counts on purged memory reading zero; a view re-reads its file). */
+ * more (the page heap counts on purged memory reading zero; a view re-reads its file).
+ * Only meshing marks a slab meshed, and it sets the hook first. */
 static bool slab_releasable(keel_slab_t* s) {
-  if (s->meshed && _keel_mesh_leave(slab_base(keel_chunk_of(s), s), (size_t)s->units << KEEL_UNIT_SHIFT))
+  if (s->meshed && __atomic_load_n(&_keel_central_unmesh, __ATOMIC_RELAXED)(
+                       slab_base(keel_chunk_of(s), s), (size_t)s->units << KEEL_UNIT_SHIFT))
     s->meshed = 0;
   return !s->meshed;
 }
@@ -364,8 +363,6 @@ void* _keel_central_take_parked(unsigned cls, uint32_t want, uint32_t* got) {
   return list;
 }
 
-static void slab_put(keel_central_t* cl, unsigned cls, void* p);
-static void put_list(keel_central_t* cl, unsigned cls, void* list);
 
 /* Lock held, no slab with a free block: a parked batch goes back to its slabs rather
  * than the class taking a new slab beside it (a take too small for a batch - a young
@@ -374,7 +371,7 @@ static bool unpark_one(keel_central_t* cl, unsigned cls) {
   uint32_t n;
   void* list = _keel_transfer_get(cls, &n);
   if (list == NULL) return false;
-  put_list(cl, cls, list);
+  _keel_slab_put_list(cl, cls, list);
   return true;
 }
 
@@ -444,11 +441,6 @@ static long block_index(unsigned cls, keel_slab_t* head, const void* p) {
   return (long)idx;
 }
 
-static keel_slab_t* slab_of(const void* p) {
-  keel_chunk_t* c = keel_chunk_of(p);
-  return keel_span_head(c, keel_unit_index(p));
-}
-
 void* _keel_block_start(unsigned cls, const void* p, bool* exact) {
   keel_slab_t* s = slab_of(p);
   const keel_class_t* k = &_keel_classes[cls];
@@ -459,445 +451,10 @@ void* _keel_block_start(unsigned cls, const void* p, bool* exact) {
   return start;
 }
 
-/* True if blocks first..last of slab s are all free (a word of the bitmap at a time). */
-static bool blocks_free(const keel_slab_t* s, uint32_t count, size_t first, size_t last) {
-  for (size_t w = first / 64; w <= last / 64; w++) {
-    uint64_t want = ~(uint64_t)0;
-    if (w == first / 64) want &= ~(uint64_t)0 << (first % 64);
-    if (w == last / 64 && last % 64 != 63) want &= ((uint64_t)1 << (last % 64 + 1)) - 1;
-    if ((keel_slab_word(s, count, (unsigned)w) & want) != want) return false;
-  }
-  return true;
-}
-
-/* Free pages are purged on the purger's timer once nothing came back to their slab for
- * the purge delay (_keel_central_decay). But a server that deletes or overwrites at
- * random frees into every slab of a class all the time, and when the class takes
- * nothing from its slabs meanwhile (Redis replacing 1 KiB values by smaller ones),
- * nothing else will use the pages its frees empty: those are purged by the free that
- * empties them, once the class has taken nothing for `cold_ticks`. A
- * class that takes again stops it, so churn in a busy class never pays madvise and a
- * refault per page. 0 until the purger runs (never without it). */
-static uint32_t cold_ticks;
-
-/* True if the OS page at offset off of slab s holds free blocks only (a block that spans
- * two pages keeps both), or only the slab's unused tail. */
-static bool page_free(const keel_slab_t* s, const keel_class_t* k, size_t off) {
-  size_t first = off / k->size, last = (off + _keel_page_size - 1) / k->size;
-  if (first >= k->count) return true;
-  return blocks_free(s, k->count, first, last < k->count ? last : k->count - 1);
-}
-
-/* Purges bytes [from, from + len) of slab s, if any. */
-static void purge_run(keel_slab_t* s, size_t from, size_t len) {
-  if (len == 0) return;
-  char* base = (char*)slab_base(keel_chunk_of(s), s);
-  if (s->meshed) _keel_mesh_leave(base + from, len); /* views become fresh */
-  if (_keel_prim_purge(base + from, len)) __atomic_fetch_add(&trimmed_bytes, len, __ATOMIC_RELAXED);
-}
-
-/* Lock held: block idx of slab s (which still holds live blocks) just came back; purges
- * the OS pages under it that now hold free blocks only. */
-static void purge_pages_of_block(const keel_class_t* k, keel_slab_t* s, size_t idx) {
-  size_t page = _keel_page_size, start = idx * k->size, from = 0, len = 0;
-  for (size_t off = start & ~(page - 1); off < start + k->size; off += page) {
-    if (!page_free(s, k, off)) continue;
-    if (len == 0) from = off;
-    len += page;
-  }
-  purge_run(s, from, len);
-}
-
-static bool purge_allowed(keel_slab_t* s) {
-  return !s->meshed && _keel_thp_purge_granule() <= _keel_page_size &&
-         !_keel_pageheap_promoted(slab_base(keel_chunk_of(s), s), s->units);
-}
-
-/* Lock held, the class cold: the blocks of mask (word w of slab s) just came back. */
-static KEEL_COLD void purge_pages_of_blocks(const keel_class_t* k, keel_slab_t* s, unsigned w, uint64_t mask) {
-  if (!purge_allowed(s)) return;
-  for (; mask != 0; mask &= mask - 1) purge_pages_of_block(k, s, (size_t)w * 64 + (size_t)__builtin_ctzll(mask));
-}
-
-/* ---- borrowing -----------------------------------------------------------------------
- * A slab holds blocks of one size, so the holes a class leaves when its blocks are
- * freed at random (a server overwriting 1 KiB values with 700-byte ones) are filled
- * only by requests of that class: the pages stay resident for the few live blocks
- * each still holds, while the smaller values take new slabs. glibc's best-fit heap
- * reuses such holes for any smaller size. When a class would have to take a new slab,
- * it may instead borrow one free block of a larger class (at most twice its size) whose
- * own requests will not want the hole soon (can_lend), from pages that already hold
- * blocks in use: memory the process holds anyway, where a new slab would add pages.
- * The block keeps its own class for life (malloc_usable_size says so, and its free
- * goes to that class's bin), and is handed out on its own, never through the borrowing
- * class's bin (a bin holds one class): a class that borrows takes its slow path on each
- * request, and only while it would otherwise grow. Aligned requests never borrow (a
- * larger block need not be as aligned), nor do the heap profiler's samples or the
- * checked mode. jemalloc's nallocx() reports the size of the request's own class, so
- * for a borrowed block it is less than malloc_usable_size(), never more. */
-#define BORROW_SPAN 2        /* a lender's blocks are at most this many times the size */
-#define BORROW_SLABS 64      /* a lender's partly used slabs looked at per borrow */
-#define BORROW_CANDIDATES 512 /* a lender's free blocks looked at per borrow */
-
-/* lend_miss_tick, 1 + the last tick a search of a class found nothing to lend: a class
- * whose free blocks lie on wholly free pages is searched in vain at most once a tick,
- * not on every request of every smaller class. */
-static uint64_t borrowed_blocks;
-
-/* True if every OS page under block idx of slab s also holds a block in use. */
-static bool pages_in_use(const keel_slab_t* s, const keel_class_t* k, size_t idx, size_t* free_page) {
-  size_t page = _keel_page_size, start = idx * k->size;
-  for (size_t off = start & ~(page - 1); off < start + k->size; off += page)
-    if (page_free(s, k, off)) {
-      *free_page = off;
-      return false;
-    }
-  return true;
-}
-
-/* Lock of the lender held: takes a free block of slab s that shares its pages with
- * blocks in use, looking at up to *budget free blocks; -1 if none. Only words a take
- * has reached are searched (the rest were never handed out, so their pages are likely
- * untouched), and a page found free skips the candidates on it. */
-static long slab_take_hole(keel_slab_t* s, const keel_class_t* k, unsigned* budget) {
-  size_t skip_end = 0; /* candidates starting below this offset lie on a free page */
-  for (unsigned w = s->scan; w < s->ready && *budget > 0; w++) {
-    uint64_t bits = KEEL_SLAB_BITS(s, w);
-    while (bits && *budget > 0) {
-      unsigned b = (unsigned)__builtin_ctzll(bits);
-      bits &= bits - 1;
-      size_t idx = (size_t)w * 64 + b, free_page;
-      if (idx >= k->count) break;
-      if (idx * k->size < skip_end) continue;
-      (*budget)--;
-      if (!pages_in_use(s, k, idx, &free_page)) {
-        skip_end = free_page + _keel_page_size;
-        continue;
-      }
-      KEEL_SLAB_BITS(s, w) &= ~((uint64_t)1 << b);
-      s->used++;
-      return (long)idx;
-    }
-  }
-  return -1;
-}
-
-/* A class lends when it will not miss the hole: it has gone cold, or at least an
- * eighth of its slabs' blocks are free in them (not counting its caches), so its own
- * requests have plenty left - a server that overwrites at random frees into a class
- * faster than the purge delay lets it go cold (redis-frag's overwrites take 0.3 s).
- * Called without the class's lock as a hint, then again with it. */
-__attribute__((no_sanitize("thread"))) static bool can_lend(const keel_central_t* cl, const keel_class_t* k,
-                                                            uint32_t now, uint32_t cold) {
-  if (now - __atomic_load_n(&cl->take_tick, __ATOMIC_RELAXED) >= cold) return true;
-  uint64_t blocks = (uint64_t)cl->slabs * k->count;
-  return blocks > cl->out && (blocks - cl->out) * KEEL_BORROW_FREE_SHARE >= blocks;
-}
-
-/* Whether borrowing is on at all; sets the purger's clock and cold threshold. */
-static bool borrowing(uint32_t* now, uint32_t* cold) {
-  *cold = __atomic_load_n(&cold_ticks, __ATOMIC_RELAXED);
-  *now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
-  /* Without the purger there is no clock for "cold". Under meshing the holes are left
-   * to the mesher: a borrowed block makes the lender's pages denser, so fewer of them
-   * pair up once the program idles (redis-frag held more with both than with meshing
-   * alone). */
-  return *cold != 0 && !_keel_profiling &&
-         __atomic_load_n(&_keel_options.mesh, __ATOMIC_RELAXED) == KEEL_MESH_OFF;
-}
-
-unsigned _keel_central_lender_in(const uintptr_t* heads, unsigned cls) {
-  uint32_t now, cold;
-  if (!borrowing(&now, &cold)) return 0;
-  uint64_t most = (uint64_t)_keel_classes[cls].size * BORROW_SPAN;
-  for (unsigned lender = cls + 1; lender < KEEL_NUM_CLASSES && _keel_classes[lender].size <= most; lender++)
-    if (heads[lender] != 0 && can_lend(keel_central_of(lender), &_keel_classes[lender], now, cold))
-      return lender;
-  return 0;
-}
-
-/* ---- carving ------------------------------------------------------------------------
- * Borrowing lends a whole block of at most twice the size. A much smaller class would
- * waste most of such a block, so it carves one instead: a hole of a class 4 to 64 times
- * its size (on pages that hold blocks in use, as for borrowing) becomes a row of its own
- * blocks behind a 32-byte header, and goes back to its class when the last of them is
- * freed. glibc's heap does the same by splitting a free chunk: Redis overwriting
- * 700-byte values with 16-byte ones keeps its RSS there, where a heap of size classes
- * takes new slabs. The lender's slab marks the hole in a second bitmap (the words after
- * its free bitmap, in the same row of the chunk header; s->carved counts the holes) and
- * its units get the page-map tag KEEL_KIND_CARVED, so every free in them takes the slow
- * path, which tells a carved block from one of the slab's own under the lender's lock.
- * Carved blocks are handed out one at a time and never enter a cache; what borrowing
- * leaves out (aligned requests, the profiler, meshing) carving leaves out too, and
- * meshing passes carved slabs by (their page-map tag is not their class). */
-#define CARVE_HEADER 32
-#define CARVE_MIN 4  /* blocks a carved hole holds at least */
-#define CARVE_MAX 64 /* and at most: one bitmap word */
-_Static_assert(KEEL_CARVE_LENDER_MIN == CARVE_HEADER + CARVE_MIN * 16, "the smallest lender holds 4 of the smallest blocks");
-
-typedef struct keel_carve_s {
-  struct keel_carve_s* next; /* the class's list of carved holes with free blocks */
-  struct keel_carve_s* prev;
-  uint64_t free;             /* bit i: block i is free */
-  uint8_t cls;
-  uint8_t count;
-  uint8_t used;
-  uint8_t listed;
-} keel_carve_t;
-_Static_assert(sizeof(keel_carve_t) <= CARVE_HEADER, "a carved hole's header must fit its 32 bytes");
-
-static uint64_t carved_holes;                         /* holes carved now */
-/* Per class, under its lock: carve_partial, its carved holes with free blocks;
- * carved_blocks, its blocks handed out of holes; carved_from, holes carved out of its
- * slabs (counted in its `out`, but holding other classes' blocks: statistics). */
-
-/* The carved-hole bitmap of slab s (of class k) follows its free bitmap: word w of it is
- * bitmap word keel_class_words(k) + w, which its rows have room for
- * (keel_class_can_carve_from). */
-
-/* Lender's lock held: marks block idx of slab s carved (the first of the slab tags its
- * units, after clearing the bitmap). False if the page map refuses. */
-static bool carve_mark(keel_slab_t* s, const keel_class_t* k, size_t idx) {
-  unsigned words = keel_class_words(k);
-  if (s->carved == 0) {
-    slab_rows_take(s, k);
-    for (unsigned w = 0; w < words; w++) KEEL_SLAB_BITS(s, words + w) = 0;
-    if (!_keel_pagemap_set((uintptr_t)slab_base(keel_chunk_of(s), s), s->units, KEEL_KIND_CARVED))
-      return false;
-  }
-  KEEL_SLAB_BITS(s, words + idx / 64) |= (uint64_t)1 << (idx % 64);
-  s->carved++;
-  keel_central_of(s->cls)->carved_from++;
-  return true;
-}
-
-static void carve_list_push(unsigned cls, keel_carve_t* d) {
-  d->prev = NULL;
-  d->next = keel_central_of(cls)->carve_partial;
-  if (d->next) d->next->prev = d;
-  __atomic_store_n(&keel_central_of(cls)->carve_partial, d, __ATOMIC_RELAXED);
-  d->listed = 1;
-}
-
-static void carve_list_remove(unsigned cls, keel_carve_t* d) {
-  if (d->prev) d->prev->next = d->next;
-  else __atomic_store_n(&keel_central_of(cls)->carve_partial, d->next, __ATOMIC_RELAXED);
-  if (d->next) d->next->prev = d->prev;
-  d->listed = 0;
-}
-
-/* Class cls's lock held: a block of carved hole d. */
-static void* carve_take_block(unsigned cls, keel_carve_t* d) {
-  unsigned i = (unsigned)__builtin_ctzll(d->free);
-  d->free &= d->free - 1;
-  d->used++;
-  __atomic_store_n(&keel_central_of(cls)->carved_blocks, keel_central_of(cls)->carved_blocks + 1, __ATOMIC_RELAXED);
-  if (d->free == 0) carve_list_remove(cls, d);
-  void** p = (void**)((char*)d + CARVE_HEADER + (size_t)i * _keel_classes[cls].size);
-  p[1] = NULL;
-  return p;
-}
-
-/* A hole of class lender (see slab_take_hole), if it can lend one now; NULL if not.
- * With carve, the hole is marked carved in its slab (below) under the lender's lock. */
-static void* take_hole(unsigned lender, uint32_t now, uint32_t cold, bool carve) {
-  keel_central_t* cl = keel_central_of(lender);
-  const keel_class_t* k = &_keel_classes[lender];
-  if (__atomic_load_n(&cl->partial, __ATOMIC_RELAXED) == NULL || !can_lend(cl, k, now, cold) ||
-      __atomic_load_n(&cl->lend_miss_tick, __ATOMIC_RELAXED) == now + 1)
-    return NULL;
-  unsigned budget = BORROW_CANDIDATES;
-  /* Never wait for a lender: threads that borrow at once, or a lender busy with its
-   * own traffic, make this request take a slab as it would have. */
-  if (!keel_trylock(&cl->lock)) return NULL;
-  long idx = -1;
-  /* The search goes round the partial list from where the last one stopped, so the
-   * slabs at its head, once lent out, do not end every search. */
-  keel_slab_t** cursor = &cl->lend_cursor;
-  keel_slab_t* s = NULL;
-  if (can_lend(cl, k, now, cold) && cl->partial != NULL) {
-    s = *cursor != NULL ? *cursor : cl->partial;
-    for (unsigned n = 0; n < BORROW_SLABS && budget > 0; n++) {
-      if (!s->meshed && (idx = slab_take_hole(s, k, &budget)) >= 0) break;
-      s = s->next != NULL ? s->next : cl->partial;
-    }
-    *cursor = s;
-  }
-  if (idx < 0 || (carve && !carve_mark(s, k, (size_t)idx))) {
-    if (idx >= 0) { /* the page map refused: the hole goes back */
-      KEEL_SLAB_BITS(s, idx / 64) |= (uint64_t)1 << (idx % 64);
-      s->used--;
-    }
-    keel_unlock(&cl->lock);
-    __atomic_store_n(&cl->lend_miss_tick, now + 1, __ATOMIC_RELAXED);
-    return NULL;
-  }
-  void** p = (void**)((char*)slab_base(keel_chunk_of(s), s) + (size_t)idx * k->size);
-  if (s->used == k->count) slab_became_full(cl, s, k);
-  cl->out++;
-  bool exhausted = cl->partial == NULL;
-  keel_unlock(&cl->lock);
-  if (KEEL_UNLIKELY(exhausted && __atomic_load_n(&_keel_class_group_pending[lender], __ATOMIC_RELAXED)))
-    _keel_classes_coarse_exhausted(lender);
-  p[1] = NULL;
-  return p;
-}
-
-void* _keel_central_borrow(unsigned cls) {
-  uint32_t now, cold;
-  if (!borrowing(&now, &cold)) return NULL;
-  uint64_t most = (uint64_t)_keel_classes[cls].size * BORROW_SPAN;
-  for (unsigned lender = cls + 1; lender < KEEL_NUM_CLASSES && _keel_classes[lender].size <= most; lender++) {
-    void* p = take_hole(lender, now, cold, false);
-    if (p != NULL) {
-      __atomic_add_fetch(&borrowed_blocks, 1, __ATOMIC_RELAXED);
-      return p;
-    }
-  }
-  return NULL;
-}
-
-void* _keel_central_carve(unsigned cls) {
-  const keel_class_t* kc = &_keel_classes[cls];
-  keel_central_t* cl = keel_central_of(cls);
-  if (__atomic_load_n(&cl->carve_partial, __ATOMIC_RELAXED) != NULL) {
-    keel_lock(&cl->lock);
-    void* p = cl->carve_partial != NULL ? carve_take_block(cls, cl->carve_partial) : NULL;
-    keel_unlock(&cl->lock);
-    if (p != NULL) return p;
-  }
-  uint32_t now, cold;
-  if (!borrowing(&now, &cold)) return NULL;
-  uint64_t least = CARVE_HEADER + (uint64_t)CARVE_MIN * kc->size;
-  uint64_t most = CARVE_HEADER + (uint64_t)CARVE_MAX * kc->size;
-  for (unsigned lender = cls + 1; lender < KEEL_NUM_CLASSES && _keel_classes[lender].size <= most; lender++) {
-    const keel_class_t* k = &_keel_classes[lender];
-    if (k->size < least || !keel_class_can_carve_from(k)) continue;
-    keel_carve_t* d = (keel_carve_t*)take_hole(lender, now, cold, true);
-    if (d == NULL) continue;
-    __atomic_add_fetch(&carved_holes, 1, __ATOMIC_RELAXED);
-    unsigned count = (unsigned)((k->size - CARVE_HEADER) / kc->size);
-    if (count > CARVE_MAX) count = CARVE_MAX;
-    d->cls = (uint8_t)cls;
-    d->count = (uint8_t)count;
-    d->used = 0;
-    d->listed = 0;
-    d->free = count == 64 ? ~(uint64_t)0 : ((uint64_t)1 << count) - 1;
-    cl = lock_class(cls); /* it may activate cls: its entry moves from slot 0 */
-    carve_list_push(cls, d);
-    void* p = carve_take_block(cls, d);
-    keel_unlock(&cl->lock);
-    return p;
-  }
-  return NULL;
-}
-
-/* The carved hole that block p (in a unit tagged KEEL_KIND_CARVED) lies in, or NULL if p
- * is in one of the slab's own blocks; *lender gets the slab's class. */
-static keel_carve_t* carved_hole_of(const void* p, unsigned* lender) {
-  keel_slab_t* s = slab_of(p);
-  unsigned cls = s->cls;
-  const keel_class_t* k = &_keel_classes[cls];
-  keel_central_t* cl = keel_central_of(cls);
-  keel_carve_t* d = NULL;
-  keel_lock(&cl->lock);
-  if (s->state == KEEL_UNIT_SLAB && s->cls == cls && s->carved > 0) {
-    char* base = (char*)slab_base(keel_chunk_of(s), s);
-    uint64_t idx = ((uint64_t)((uintptr_t)p - (uintptr_t)base) * k->div_magic) >> 40;
-    unsigned words = keel_class_words(k);
-    if (idx < k->count && (KEEL_SLAB_BITS(s, words + idx / 64) >> (idx % 64)) & 1)
-      d = (keel_carve_t*)(base + idx * k->size);
-  }
-  keel_unlock(&cl->lock);
-  *lender = cls;
-  return d;
-}
-
-/* Index of block p in carved hole d, or -1 if p is not the start of one of its blocks. */
-static long carved_index(const keel_carve_t* d, const void* p) {
-  size_t size = _keel_classes[d->cls].size;
-  uintptr_t first = (uintptr_t)d + CARVE_HEADER;
-  if ((uintptr_t)p < first || ((uintptr_t)p - first) % size != 0) return -1;
-  size_t i = ((uintptr_t)p - first) / size;
-  return i < d->count ? (long)i : -1;
-}
-
-/* Hole d's last block came back: the hole goes back to its class. */
-static void carve_release(keel_carve_t* d) {
-  keel_slab_t* s = slab_of(d);
-  unsigned lender = s->cls;
-  const keel_class_t* k = &_keel_classes[lender];
-  keel_central_t* cl = keel_central_of(lender);
-  keel_lock(&cl->lock);
-  char* base = (char*)slab_base(keel_chunk_of(s), s);
-  size_t idx = (size_t)((char*)d - base) / k->size;
-  KEEL_SLAB_BITS(s, keel_class_words(k) + idx / 64) &= ~((uint64_t)1 << (idx % 64));
-  if (--s->carved == 0) _keel_pagemap_set((uintptr_t)base, s->units, (uint8_t)lender);
-  cl->carved_from--;
-  __atomic_sub_fetch(&carved_holes, 1, __ATOMIC_RELAXED);
-  keel_link_set(d, NULL);
-  slab_put(cl, lender, d);
-  keel_unlock(&cl->lock);
-}
-
-unsigned _keel_central_carved_free(void* p, const char* call) {
-  unsigned lender;
-  keel_carve_t* d = carved_hole_of(p, &lender);
-  if (d == NULL) return lender;
-  unsigned cls = d->cls;
-  keel_central_t* cl = keel_central_of(cls);
-  keel_lock(&cl->lock);
-  long i = carved_index(d, p);
-  if (i < 0) {
-    keel_unlock(&cl->lock);
-    _keel_misuse(call, "invalid pointer", p, ": not the start of a block", _keel_classes[cls].size);
-  }
-  uint64_t bit = (uint64_t)1 << i;
-  if (d->free & bit) {
-    keel_unlock(&cl->lock);
-    _keel_misuse(call, "double free of pointer", p, NULL, _keel_classes[cls].size);
-  }
-  d->free |= bit;
-  /* As on every free block: once the hole has gone back to its slab, a second free of
-   * p finds the key there and is reported as a double free (free_slow). */
-  ((uintptr_t*)p)[1] = _keel_free_key;
-  __atomic_store_n(&cl->carved_blocks, cl->carved_blocks - 1, __ATOMIC_RELAXED);
-  bool empty = --d->used == 0;
-  if (empty && d->listed) carve_list_remove(cls, d);
-  else if (!empty && !d->listed) carve_list_push(cls, d);
-  keel_unlock(&cl->lock);
-  if (empty) carve_release(d);
-  return 0;
-}
-
-size_t _keel_central_carved_size(const void* p, const char* call) {
-  unsigned lender;
-  keel_carve_t* d = carved_hole_of(p, &lender);
-  if (d == NULL) return _keel_classes[lender].size;
-  if (carved_index(d, p) < 0)
-    _keel_misuse(call, "invalid pointer", p, ": not the start of a block", _keel_classes[d->cls].size);
-  return _keel_classes[d->cls].size;
-}
-
-KEEL_COLD bool _keel_central_verify_carved(unsigned cls) {
-  for (keel_carve_t* d = keel_central_of(cls)->carve_partial; d != NULL; d = d->next) {
-    if (d->cls != cls || !d->listed || d->free == 0 || d->count < CARVE_MIN || d->count > CARVE_MAX ||
-        d->used + (unsigned)__builtin_popcountll(d->free) != d->count)
-      return false;
-    keel_slab_t* s = slab_of(d);
-    if (s->state != KEEL_UNIT_SLAB || s->carved == 0 || keel_pagemap_get(d) != KEEL_KIND_CARVED) return false;
-  }
-  return true;
-}
-
-uint64_t _keel_central_carved_holes(void) { return __atomic_load_n(&carved_holes, __ATOMIC_RELAXED); }
-
-
-uint64_t _keel_central_borrowed_blocks(void) { return __atomic_load_n(&borrowed_blocks, __ATOMIC_RELAXED); }
-
 /* Lock held: the n blocks of mask (bits of bitmap word w of slab s, all checked to be
- * out of the slab) come back. */
-static KEEL_NOINLINE void slab_put_bits(keel_central_t* cl, unsigned cls, keel_slab_t* s, unsigned w, uint64_t mask, unsigned n) {
+ * out of the slab) come back. Out of line: put_runs's loop stays small. */
+static KEEL_NOINLINE void slab_put_bits(keel_central_t* cl, unsigned cls, keel_slab_t* s, unsigned w, uint64_t mask,
+                                        unsigned n) {
   const keel_class_t* k = &_keel_classes[cls];
   if (s->row == 0 && s->ready > 1) slab_rows_restore(s, k);
   KEEL_SLAB_BITS(s, w) |= mask;
@@ -907,9 +464,9 @@ static KEEL_NOINLINE void slab_put_bits(keel_central_t* cl, unsigned cls, keel_s
   if (w < s->scan) s->scan = (uint16_t)w;
   s->used = (uint16_t)(s->used - n);
   cl->out -= n;
-  uint32_t cold = __atomic_load_n(&cold_ticks, __ATOMIC_RELAXED);
+  uint32_t cold = __atomic_load_n(&_keel_cold_ticks, __ATOMIC_RELAXED);
   if (KEEL_UNLIKELY(cold != 0 && now - __atomic_load_n(&cl->take_tick, __ATOMIC_RELAXED) >= cold) && s->used > 0)
-    purge_pages_of_blocks(k, s, w, mask);
+    _keel_slab_purge_freed(k, s, w, mask);
   if (s->used == 0) {
     /* Keep a lone empty slab: releasing it would make a class that is used a little
      * at a time create and destroy the same slab over and over. */
@@ -945,7 +502,7 @@ static KEEL_COLD _Noreturn void double_free(keel_central_t* held, unsigned cls, 
 }
 
 /* Returns block p to its slab; the central lock of cls is held. */
-static void slab_put(keel_central_t* cl, unsigned cls, void* p) {
+void _keel_slab_put(keel_central_t* cl, unsigned cls, void* p) {
   size_t idx;
   keel_slab_t* s = slab_of_block(cl, cls, p, &idx);
   /* A block in a word never written was never handed out: reported as free. */
@@ -1018,7 +575,7 @@ static void put_runs(keel_central_t* cl, unsigned cls, const put_run_t* runs, un
 }
 
 /* Lock held: every block of a list goes back to its slab. */
-static void put_list(keel_central_t* cl, unsigned cls, void* list) {
+void _keel_slab_put_list(keel_central_t* cl, unsigned cls, void* list) {
   put_run_t runs[PUT_RUNS];
   unsigned n;
   while (list != NULL) {
@@ -1071,117 +628,21 @@ KEEL_COLD bool _keel_central_is_free(unsigned cls, void* p) {
   return is_free;
 }
 
-/* Lock held: the batches parked on lines idle for idle_ticks (0: all) go back to their
- * slabs. */
-static void drain_transfer(keel_central_t* cl, unsigned cls, uint32_t now, uint32_t idle_ticks) {
-  uint32_t n;
-  void* list;
-  while ((list = _keel_transfer_take_idle(cls, now, idle_ticks, &n)) != NULL) put_list(cl, cls, list);
+/* ---- for borrow.c and slab_trim.c (slab.h): calls on their cold paths, so that the
+ * take and put paths above keep these helpers inlined. */
+
+void _keel_slab_rows_take(keel_slab_t* s, const keel_class_t* k) { slab_rows_take(s, k); }
+
+void _keel_slab_became_full(keel_central_t* cl, keel_slab_t* s, const keel_class_t* k) {
+  slab_became_full(cl, s, k);
 }
 
-/* Lock held. Purges every OS page of slab s whose blocks are all free in the slab (a
- * block that spans two pages keeps both). After deletes, most memory sits in slabs
- * that still hold a few live blocks: this is how it goes back to the OS. */
-static void trim_slab(unsigned cls, keel_slab_t* s) {
-  const keel_class_t* k = &_keel_classes[cls];
-  size_t page = _keel_page_size, bytes = (size_t)s->units << KEEL_UNIT_SHIFT;
-  size_t run_start = 0, run_len = 0;
-  for (size_t off = 0; off < bytes; off += page) {
-    if (page_free(s, k, off)) {
-      if (run_len == 0) run_start = off;
-      run_len += page;
-    } else {
-      purge_run(s, run_start, run_len);
-      run_len = 0;
-    }
-  }
-  purge_run(s, run_start, run_len);
-  s->needs_trim = 0;
-}
-
-/* KEEL_THP=dense: a slab in a huge page Keel collapsed is trimmed only once at most half
- * of its blocks are in use; the huge page then goes back to base pages (trimming a few
- * pages out of a dense huge page would cost its TLB reach for little memory). */
-static bool trim_allowed(unsigned cls, keel_slab_t* s) {
-  void* base = slab_base(keel_chunk_of(s), s);
-  if (!_keel_pageheap_promoted(base, s->units)) return true;
-  if (s->used * 2 > _keel_classes[cls].count) return false;
-  _keel_pageheap_demote(base, s->units);
+bool _keel_slab_release_empty(keel_central_t* cl, unsigned cls, keel_slab_t* s) {
+  if (s->used != 0 || !slab_releasable(s)) return false;
+  partial_remove(cl, s);
+  slab_release(cls, s);
   return true;
 }
-
-size_t _keel_central_purge_all(uint32_t max_trims) {
-  uint64_t before = __atomic_load_n(&trimmed_bytes, __ATOMIC_RELAXED);
-  bool trim = _keel_thp_purge_granule() <= _keel_page_size; /* as in _keel_central_decay */
-  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
-    if (!_keel_central_active(cls)) continue;
-    keel_central_t* cl = keel_central_of(cls);
-    keel_lock(&cl->lock);
-    drain_transfer(cl, cls, 0, 0);
-    /* An empty slab kept to avoid churn is released; the free pages of the others are
-     * purged without waiting for their slab to go quiet. */
-    for (int sampled = 0; sampled < 2; sampled++) {
-      keel_slab_t* next;
-      for (keel_slab_t* s = sampled ? cl->sampled_partial : cl->partial; s != NULL; s = next) {
-        next = s->next;
-        if (s->used == 0 && slab_releasable(s)) {
-          partial_remove(cl, s);
-          slab_release(cls, s);
-        } else if (trim && s->needs_trim && max_trims > 0 && trim_allowed(cls, s)) {
-          max_trims--;
-          trim_slab(cls, s);
-        }
-      }
-    }
-    keel_unlock(&cl->lock);
-  }
-  return (size_t)(__atomic_load_n(&trimmed_bytes, __ATOMIC_RELAXED) - before);
-}
-
-/* Slabs of a cold class (see cold_ticks) trimmed per tick while blocks keep coming back
- * to them: each costs a few madvise calls under the class's lock, so this bounds the
- * lock hold. */
-#define BUSY_TRIM_SLABS 256
-
-__attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ticks) {
-  uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
-  uint32_t cold = idle_ticks / 2 < 2 ? 2 : (uint32_t)(idle_ticks / 2);
-  __atomic_store_n(&cold_ticks, cold, __ATOMIC_RELAXED);
-  /* KEEL_THP=always: a slab (at most 1 MiB) never holds a whole huge page, so trimming
-   * its pages would only split the huge page around it. The slabs keep needs_trim and
-   * are trimmed if the policy changes back. */
-  bool trim = _keel_thp_purge_granule() <= _keel_page_size;
-  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
-    keel_central_t* cl = keel_central_of(cls);
-    if (!_keel_central_active(cls)) continue;
-    bool parked = _keel_transfer_any(cls);
-    if (!parked && __atomic_load_n(&cl->partial, __ATOMIC_RELAXED) == NULL &&
-        __atomic_load_n(&cl->sampled_partial, __ATOMIC_RELAXED) == NULL)
-      continue;
-    keel_lock(&cl->lock);
-    if (parked) drain_transfer(cl, cls, now, (uint32_t)idle_ticks);
-    /* A slab is trimmed once no block has come back to it for idle_ticks; in a cold
-     * class, whose frees purge what they empty from now on, also the pages emptied
-     * before it went cold, each slab once per idle_ticks. */
-    bool busy_ok = now - __atomic_load_n(&cl->take_tick, __ATOMIC_RELAXED) >= cold;
-    unsigned busy_budget = BUSY_TRIM_SLABS;
-    for (int sampled = 0; sampled < 2; sampled++)
-      for (keel_slab_t* s = sampled ? cl->sampled_partial : cl->partial; s != NULL; s = s->next) {
-        if (!trim || !s->needs_trim) continue;
-        bool quiet = now - s->put_tick >= idle_ticks;
-        if (!quiet && (!busy_ok || busy_budget == 0 || (int32_t)(now - s->busy_trim_tick) < 0)) continue;
-        if (!trim_allowed(cls, s)) continue;
-        if (!quiet) {
-          busy_budget--;
-          s->busy_trim_tick = now + (uint32_t)idle_ticks;
-        }
-        trim_slab(cls, s);
-      }
-    keel_unlock(&cl->lock);
-  }
-}
-
-uint64_t _keel_central_trimmed_bytes(void) { return __atomic_load_n(&trimmed_bytes, __ATOMIC_RELAXED); }
 
 /* The active classes' locks only (above); the bits cannot change while activate_lock
  * is held. */

@@ -375,7 +375,7 @@ static void quarantine_put(void* e, size_t bytes, size_t span, const char* call)
 void* _keel_checked_alloc(size_t n, size_t align, bool zero) {
   checked_init();
   if (n > KEEL_MAX_ALLOC - TAIL) return enomem();
-  uint64_t guard_min = __atomic_load_n(&_keel_options.check_guard, __ATOMIC_RELAXED);
+  uint64_t guard_min = keel_opt(check_guard);
   if (guard_min != 0 && n >= guard_min) return guarded_alloc(n, align, zero);
   char* p = (char*)_keel_alloc_any(n + TAIL, align, false, false);
   if (p == NULL) return NULL;

@@ -114,7 +114,7 @@ static void table_remove(huge_entry_t* e) {
  * once. A cold cache takes no freed mapping and the purger empties it at its next tick.
  * A program that allocates big buffers again within half the delay finds them cached;
  * one that comes back later pays the faults at most once per half delay. Lock held. */
-static bool cache_cold(uint64_t now_ms) { return now_ms - last_take_ms >= _keel_options.purge_delay_ms / 2; }
+static bool cache_cold(uint64_t now_ms) { return now_ms - last_take_ms >= keel_opt(purge_delay_ms) / 2; }
 
 static size_t round_pages(size_t n) { return (n + _keel_page_size - 1) & ~(_keel_page_size - 1); }
 
@@ -123,7 +123,7 @@ static size_t round_pages(size_t n) { return (n + _keel_page_size - 1) & ~(_keel
  * big request reuses them instead of faulting fresh ones (bench/large: 17 % fewer page
  * faults than unmapping it). Lock held. False: the caller unmaps it. */
 static bool cache_keep(void* addr, size_t size) {
-  if (_keel_options.purge_delay_ms == 0 || size < KEEL_UNIT_SIZE || cache_count == CACHE_SLOTS ||
+  if (keel_opt(purge_delay_ms) == 0 || size < KEEL_UNIT_SIZE || cache_count == CACHE_SLOTS ||
       cached_bytes + size > CACHE_MAX_BYTES)
     return false;
   cache[cache_count++] = (cached_map_t){addr, size, _keel_prim_clock_ms()};
@@ -271,7 +271,7 @@ bool _keel_huge_free(void* p) {
   _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_FREED);
   cached_map_t evict = {p, size, 0}; /* unmapped unless it fits in the cache */
   uint64_t now = _keel_prim_clock_ms();
-  if (_keel_options.purge_delay_ms > 0 && size <= CACHE_MAX_BYTES && !cache_cold(now)) {
+  if (keel_opt(purge_delay_ms) > 0 && size <= CACHE_MAX_BYTES && !cache_cold(now)) {
     /* Make room: evict the oldest entries until this one fits. */
     while (cache_count > 0 && (cache_count == CACHE_SLOTS || cached_bytes + size > CACHE_MAX_BYTES)) {
       size_t old = 0;
@@ -379,7 +379,7 @@ size_t _keel_huge_purge(bool all) {
   keel_lock(&huge_lock);
   all = all || cache_cold(now);
   for (size_t i = 0; i < cache_count;) {
-    if (all || now - cache[i].freed_ms >= _keel_options.purge_delay_ms) {
+    if (all || now - cache[i].freed_ms >= keel_opt(purge_delay_ms)) {
       out[n++] = cache[i];
       cached_bytes -= cache[i].size;
       cache[i] = cache[--cache_count];

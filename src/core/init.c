@@ -133,7 +133,7 @@ static uint64_t taken_at_fork; /* bytes handed out as spans and huge blocks befo
 static uint64_t taken_bytes(void) { return _keel_pageheap_taken_bytes() + _keel_huge_taken_bytes(); }
 
 static void defer_purger(void) {
-  if (_keel_options.child_purger == 0) {
+  if (keel_opt(child_purger) == 0) {
     _keel_background_start();
     return;
   }
@@ -142,7 +142,7 @@ static void defer_purger(void) {
 }
 
 void _keel_purger_deferred_check(void) {
-  if (taken_bytes() - taken_at_fork < _keel_options.child_purger) return;
+  if (taken_bytes() - taken_at_fork < keel_opt(child_purger)) return;
   _keel_background_start();
 }
 
@@ -151,7 +151,7 @@ static void* purger_main(void* arg) {
   for (;;) {
     /* A quarter of the purge delay, but at least 4 ticks a second so that a live
      * statistics request is answered promptly. */
-    uint64_t tick = _keel_options.purge_delay_ms / 4;
+    uint64_t tick = keel_opt(purge_delay_ms) / 4;
     tick = tick < 10 ? 10 : tick > 250 ? 250 : tick;
     _keel_prim_sleep_ms(tick);
     /* If every other thread has ended (main called pthread_exit and the rest finished),
@@ -161,8 +161,8 @@ static void* purger_main(void* arg) {
     __atomic_fetch_add(&_keel_ticks, 1, __ATOMIC_RELAXED);
     /* Transfer batches idle for the purge delay go back to their slabs, so that empty
      * slabs can be released and purged. */
-    if (__atomic_load_n(&_keel_options.background_purge, __ATOMIC_RELAXED)) {
-      _keel_central_decay(_keel_options.purge_delay_ms / tick + 1);
+    if (keel_opt(background_purge)) {
+      _keel_central_decay(keel_opt(purge_delay_ms) / tick + 1);
       if (_keel_pageheap_dirty_bytes() != 0) _keel_pageheap_maybe_purge();
       if (_keel_huge_cache_pending()) _keel_huge_purge(false);
       _keel_pageheap_promote();
@@ -177,7 +177,7 @@ static void* purger_main(void* arg) {
 void _keel_background_start(void) {
   /* Cleared first: thread creation allocates (its TLS vector) and would come back. */
   __atomic_store_n(&_keel_purger_deferred, false, __ATOMIC_RELAXED);
-  if (!_keel_options.background_purge) return;
+  if (!keel_opt(background_purge)) return;
   int expected = 0;
   if (!atomic_compare_exchange_strong(&background_state, &expected, 1)) return;
   if (!_keel_prim_thread_start(purger_main, NULL)) atomic_store(&background_state, 2);
@@ -191,7 +191,7 @@ __attribute__((constructor(101))) static void keel_process_init(void) {
 }
 
 __attribute__((destructor(101))) static void keel_process_exit(void) {
-  if (_keel_options.stats_at_exit) _keel_stats_at_exit();
+  if (keel_opt(stats_at_exit)) _keel_stats_at_exit();
   _keel_profile_at_exit();
   _keel_publish_exit();
 }

@@ -92,7 +92,7 @@
 #define KEEL_KIND_GUARD 0x84      /* checked mode: first unit of a guarded block's guard
                                      pages, live or in the quarantine (checked.c) */
 #define KEEL_KIND_CARVED 0x85     /* a unit of a slab some of whose free blocks were carved
-                                     into blocks of a smaller class (central.c) */
+                                     into blocks of a smaller class (borrow.c) */
 _Static_assert(KEEL_NUM_CLASSES <= 0x80, "a class is a positive int8_t in the page map");
 
 /* ---- size classes (size_class.c) ------------------------------------------------------ */
@@ -168,7 +168,7 @@ typedef struct keel_slab_s {
   uint8_t needs_trim; /* slab: blocks came back since its free pages were last purged */
   uint8_t meshed;    /* slab: some of its pages may be mesh views (mesh.c) */
   uint16_t used;     /* slab: blocks out of the slab (live, in a cache, or carved) */
-  uint16_t carved;   /* slab: its blocks carved into smaller classes' (central.c) */
+  uint16_t carved;   /* slab: its blocks carved into smaller classes' (borrow.c) */
   uint16_t scan;     /* slab: first bitmap word that may have a free bit */
   uint16_t ready;    /* slab: bitmap words written so far; the rest are wholly free */
   uint32_t put_tick; /* slab: purger tick when a block last came back */
@@ -236,7 +236,7 @@ static inline keel_slab_t* keel_span_head(keel_chunk_t* c, unsigned unit) {
               : &keel_chunk_of(s)->free_rest[((s)->row - 1) * KEEL_ROW_WORDS + (w) - 1]))
 /* Words of the free bitmap of a slab of class k. */
 static inline unsigned keel_class_words(const keel_class_t* k) { return (k->count + 63) / 64; }
-/* Whether holes may be carved out of a slab of class k (central.c, "carving"): its
+/* Whether holes may be carved out of a slab of class k (borrow.c, "carving"): its
  * blocks hold a row of at least four of the smallest blocks behind the hole's header,
  * and its rows have room after its free bitmap for the bitmap of its holes. */
 #define KEEL_CARVE_LENDER_MIN 96 /* 32-byte header + 4 x 16 bytes */
@@ -370,7 +370,7 @@ uint32_t _keel_transfer_blocks(unsigned cls) KEEL_INTERNAL; /* parked blocks (ra
 /* Calls fn on every parked list (tests, the invariant walk: nothing may run beside it). */
 void _keel_transfer_each(unsigned cls, void (*fn)(void* list, uint32_t n, void* ctx), void* ctx) KEEL_INTERNAL;
 
-/* ---- central free lists (central.c) ----------------------------------------------------
+/* ---- central free lists (central.c, borrow.c, slab_trim.c) ------------------------------
  * One per size class: the slabs that still have free blocks, behind the class's lock,
  * which a thread takes only when the transfer cache has nothing for it or no room. */
 typedef struct keel_central_s {
@@ -381,7 +381,7 @@ typedef struct keel_central_s {
   uint32_t slabs;       /* slabs of this class */
   uint32_t pad;
   uint64_t out;         /* blocks out of slabs: live, or in a cache */
-  /* The second line: state of borrowing and carving (central.c), under the class's lock
+  /* The second line: state of borrowing and carving (borrow.c), under the class's lock
    * unless said. */
   keel_slab_t* lend_cursor;           /* where the next search for a hole to lend starts */
   struct keel_carve_s* carve_partial; /* holes carved for this class with free blocks */
@@ -437,7 +437,7 @@ void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) KEEL_
 /* Gives back a NULL-terminated list of n blocks of class cls. */
 void _keel_central_give(unsigned cls, void* list, uint32_t n) KEEL_INTERNAL;
 /* A free block of a larger, cold class for a request of class cls that would otherwise
- * take a new slab (central.c, "borrowing"); NULL if none. Never through a bin. */
+ * take a new slab (borrow.c, "borrowing"); NULL if none. Never through a bin. */
 #define KEEL_BORROW_FREE_SHARE 8 /* a class lends while 1/this of its slabs' blocks are free */
 void* _keel_central_borrow(unsigned cls) KEEL_INTERNAL;
 /* A larger class that may lend to cls and whose entry in heads (a thread cache's bin
@@ -445,7 +445,7 @@ void* _keel_central_borrow(unsigned cls) KEEL_INTERNAL;
  * which counts blocks lent from slabs. */
 unsigned _keel_central_lender_in(const uintptr_t* heads, unsigned cls) KEEL_INTERNAL;
 /* A block of class cls carved out of a free block of a class 4-64 times its size
- * (central.c, "carving"); NULL if none. Never through a bin. */
+ * (borrow.c, "carving"); NULL if none. Never through a bin. */
 void* _keel_central_carve(unsigned cls) KEEL_INTERNAL;
 /* free of p, in a unit tagged KEEL_KIND_CARVED: frees it if it is a carved block and
  * returns 0; else returns its slab's class, for the caller to free it as any other. */
@@ -460,10 +460,15 @@ uint64_t _keel_central_borrowed_blocks(void) KEEL_INTERNAL;
 void* _keel_central_take_sampled(unsigned cls) KEEL_INTERNAL;
 /* True if block p (of class cls) is free in its slab: proves a double free. */
 bool _keel_central_is_free(unsigned cls, void* p) KEEL_INTERNAL;
-/* Returns the transfer caches' batches to their slabs so empty slabs can be released. */
-/* Returns free memory of every class now, not on the purger's timer: transfer caches
- * back to their slabs, empty slabs to the page heap, and the free pages of up to
- * max_trims partly used slabs purged. Returns the bytes purged. */
+/* Meshing's hook (mesh.c sets it before it makes any page of a slab a view; NULL until
+ * then): class lock held, the pages of [addr, addr + len) of a slab marked meshed leave
+ * their mesh, views becoming fresh memory; false if one could not. The central lists call
+ * it, never meshing by name; with meshing off no slab is meshed and it is never read. */
+extern bool (*_keel_central_unmesh)(void* addr, size_t len) KEEL_INTERNAL;
+/* Returns free memory of every class now, not on the purger's timer (slab_trim.c, like
+ * _keel_central_decay): transfer caches back to their slabs, empty slabs to the page
+ * heap, and the free pages of up to max_trims partly used slabs purged. Returns the
+ * bytes purged. */
 size_t _keel_central_purge_all(uint32_t max_trims) KEEL_INTERNAL;
 /* All of Keel's free memory back to the OS now (keel_purge, `keel purge PID`, before a
  * fork), at most max_trims partly used slabs trimmed; bytes released (init.c). */
@@ -497,7 +502,8 @@ bool _keel_mesh_plan(unsigned cls, keel_mesh_visit_t visit, void* ctx) KEEL_INTE
 bool _keel_mesh_page_meshable(uintptr_t p) KEEL_INTERNAL;
 /* Class lock held: the views among the pages of [addr, addr + len) are replaced by fresh
  * memory (their blocks are all free). Returns false if one could not be (it stays a
- * view: the caller must then keep the memory it is in). */
+ * view: the caller must then keep the memory it is in). The central lists reach it as
+ * _keel_central_unmesh. */
 bool _keel_mesh_leave(void* addr, size_t len) KEEL_INTERNAL;
 void _keel_mesh_tick(void) KEEL_INTERNAL; /* the purger's meshing pass */
 void _keel_mesh_lock_all(void) KEEL_INTERNAL;   /* fork: before the central locks */
@@ -656,6 +662,10 @@ void _keel_tcache_stats(keel_stats_t* out, uint64_t* cached_bytes) KEEL_INTERNAL
 void _keel_tcache_class_counts(uint64_t* counts /* [KEEL_NUM_CLASSES] */) KEEL_INTERNAL;
 /* Copies _keel_class_serving into every thread cache (the switch to fine classes). */
 void _keel_tcache_classes_changed(void) KEEL_INTERNAL;
+/* The heap profiler's hook (profile.c sets it when profiling starts; NULL without):
+ * starts the sampling countdowns of a new cache's bins. NULL: no bin ever samples. The
+ * thread caches call it, never the profiler by name. */
+extern void (*_keel_tcache_sampling)(keel_tcache_t* t) KEEL_INTERNAL;
 
 /* ---- options (options.c) -------------------------------------------------------------- */
 typedef struct keel_options_s {
@@ -699,6 +709,21 @@ typedef enum keel_mesh_policy_e {
 } keel_mesh_policy_t;
 
 extern keel_options_t _keel_options KEEL_INTERNAL;
+/* The rule for options. Every read of one that may change while the program runs goes
+ * through keel_opt(name), a relaxed atomic load (a plain load on x86-64 and aarch64: a
+ * new value lands whole and is seen soon, in no particular order), and every write is a
+ * relaxed atomic store (options.c, mallctl). Those fixed before the first block exists
+ * (options.c's AT_START: check, huge_page_size) may be read plainly. A reader that needs
+ * an order says so with its own __atomic_load_n (publish.c). The one string,
+ * profile_prefix, is written and read a byte at a time (keel_opt_str): a read racing a
+ * change may mix the two values, never run past the array. */
+#define keel_opt(name) __atomic_load_n(&_keel_options.name, __ATOMIC_RELAXED)
+static inline void keel_opt_str_copy(char* dst, size_t cap, const char* src, size_t src_cap) {
+  size_t n = cap < src_cap ? cap : src_cap, i = 0;
+  for (; i + 1 < n && (dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED)) != 0; i++) {}
+  if (n > 0) dst[i] = 0;
+}
+#define keel_opt_str(dst, cap, name) keel_opt_str_copy(dst, cap, _keel_options.name, sizeof _keel_options.name)
 void _keel_options_init(void) KEEL_INTERNAL;
 /* What a run-time option change sets in motion. */
 void _keel_background_start(void) KEEL_INTERNAL; /* start the purger if not running */

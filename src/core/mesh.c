@@ -403,6 +403,10 @@ static size_t mesh_group(unsigned cls, const uintptr_t* cand, unsigned ncand) {
       gr->page[member] = pg[m];
       view_put_raw(pg[m], g << MEMBER_BITS | member);
       member++;
+      /* The central lists hand a meshed slab's pages back through the hook when they
+       * leave it (released, or purged): set before the first slab is marked, under its
+       * class's lock, which every reader of the mark holds. */
+      __atomic_store_n(&_keel_central_unmesh, _keel_mesh_leave, __ATOMIC_RELAXED);
       sl[m]->meshed = 1;
     }
     st.views += nviews;
@@ -439,7 +443,7 @@ static bool ready(void) {
     file_fd = barrier_fd = -1;
     return false;
   }
-  int policy = __atomic_load_n(&_keel_options.mesh, __ATOMIC_RELAXED);
+  int policy = keel_opt(mesh);
   if (barrier_mode != KEEL_BARRIER_KERNEL && !(policy == KEEL_MESH_USER && barrier_mode == KEEL_BARRIER_USER)) {
     if (!warned)
       _keel_warn("KEEL_MESH=on needs userfaultfd for all writes (root, CAP_SYS_PTRACE, access to "
@@ -559,7 +563,7 @@ static size_t pass(uint64_t budget_ns, bool every_class) {
   sweep();
   /* Never split huge pages: under ALWAYS every one, under DENSE the collapsed ones. */
   if (_keel_thp_purge_granule() > _keel_page_size ||
-      __atomic_load_n(&_keel_options.thp, __ATOMIC_RELAXED) == KEEL_THP_DENSE)
+      keel_opt(thp) == KEEL_THP_DENSE)
     return 0;
   keel_lock(&table_lock);
   bool full = st.views + 2 > view_cap; /* (the sweep may have made room) */
@@ -588,7 +592,7 @@ static size_t pass(uint64_t budget_ns, bool every_class) {
 }
 
 KEEL_HOT void _keel_mesh_tick(void) {
-  if (__atomic_load_n(&_keel_options.mesh, __ATOMIC_RELAXED) == KEEL_MESH_OFF || disabled) return;
+  if (keel_opt(mesh) == KEEL_MESH_OFF || disabled) return;
   keel_lock(&mesh_lock);
   pass(resume_class ? CATCH_UP_BUDGET_NS : PASS_BUDGET_NS, false);
   keel_unlock(&mesh_lock);
@@ -596,7 +600,7 @@ KEEL_HOT void _keel_mesh_tick(void) {
 
 KEEL_API size_t keel_mesh_now(void) {
   keel_ensure_init();
-  if (__atomic_load_n(&_keel_options.mesh, __ATOMIC_RELAXED) == KEEL_MESH_OFF) return 0;
+  if (keel_opt(mesh) == KEEL_MESH_OFF) return 0;
   keel_lock(&mesh_lock);
   size_t n = pass(UINT64_MAX / 2, true);
   keel_unlock(&mesh_lock);
@@ -611,8 +615,8 @@ KEEL_API void keel_mesh_stats(keel_mesh_stats_t* out) {
   keel_unlock(&table_lock);
   out->state = in_child ? KEEL_MESH_STATE_CHILD
                : disabled ? KEEL_MESH_STATE_REFUSED
-               : __atomic_load_n(&_keel_options.mesh, __ATOMIC_RELAXED) == KEEL_MESH_OFF ? KEEL_MESH_STATE_OFF
-                                                                                      : KEEL_MESH_STATE_ON;
+               : keel_opt(mesh) == KEEL_MESH_OFF ? KEEL_MESH_STATE_OFF
+                                                 : KEEL_MESH_STATE_ON;
   int fd = file_fd;
   out->file_bytes = fd >= 0 ? _keel_prim_file_resident(fd) : 0;
 }

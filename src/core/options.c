@@ -9,7 +9,9 @@
  * Sizes take K/M/G suffixes; booleans 1/0, on/off, yes/no, true/false; durations are
  * milliseconds, or seconds with an "s" suffix. Nothing here allocates: start-up runs
  * inside the first malloc. A bad value or unknown name from keel_conf or the environment
- * gets one warning line and the current value is kept; from the API, an error code. */
+ * gets one warning line and the current value is kept; from the API, an error code.
+ * Every field is written with relaxed atomic stores and read with keel_opt() (internal.h
+ * has the rule and its exceptions). */
 #include "core/internal.h"
 
 #include <errno.h>
@@ -167,7 +169,8 @@ static bool parse(const opt_t* o, const char* v, opt_value_t* out) {
   return false;
 }
 
-/* Relaxed atomic stores: other threads read these fields while they change. */
+/* Relaxed atomic stores: other threads read these fields while they change (the rule
+ * is keel_opt's, internal.h). */
 static void store(const opt_t* o, const opt_value_t* v) {
   switch (o->kind) {
     case K_MS:
@@ -177,10 +180,15 @@ static void store(const opt_t* o, const opt_value_t* v) {
     case K_PATH: {
       char* dst = (char*)o->field;
       size_t n = strlen(v->s);
-      memcpy(dst, v->s, n + 1);
+      for (size_t i = 0; i <= n; i++) __atomic_store_n(&dst[i], v->s[i], __ATOMIC_RELAXED);
       break;
     }
   }
+}
+
+/* A K_PATH option's value, copied (keel_opt_str). */
+static void path_of(const opt_t* o, char* out, size_t cap) {
+  keel_opt_str_copy(out, cap, (const char*)o->field, sizeof _keel_options.profile_prefix);
 }
 
 static const opt_t* find(const char* name, size_t len) {
@@ -256,12 +264,13 @@ void _keel_options_init(void) {
 /* ---- run-time API --------------------------------------------------------------------- */
 
 static bool same_value(const opt_t* o, const opt_value_t* v) {
+  char path[sizeof _keel_options.profile_prefix];
   switch (o->kind) {
     case K_MS:
-    case K_SIZE: return *(uint64_t*)o->field == v->u;
-    case K_BOOL: return *(bool*)o->field == v->b;
-    case K_ENUM: return *(int*)o->field == v->e;
-    case K_PATH: return eq((const char*)o->field, v->s);
+    case K_SIZE: return __atomic_load_n((uint64_t*)o->field, __ATOMIC_RELAXED) == v->u;
+    case K_BOOL: return __atomic_load_n((bool*)o->field, __ATOMIC_RELAXED) == v->b;
+    case K_ENUM: return __atomic_load_n((int*)o->field, __ATOMIC_RELAXED) == v->e;
+    case K_PATH: path_of(o, path, sizeof path); return eq(path, v->s);
   }
   return false;
 }
@@ -277,7 +286,8 @@ KEEL_API KEEL_COLD int keel_option_set(const char* name, const char* value) {
   /* Checked mode changes the layout of every block, the page size is built into the
    * size classes, and a profile must see every allocation from the start. */
   if (o->when == AT_START) return EBUSY;
-  if (o->when == AT_START_ON && (v.u == 0 || *(uint64_t*)o->field == 0)) return EBUSY;
+  if (o->when == AT_START_ON && (v.u == 0 || __atomic_load_n((uint64_t*)o->field, __ATOMIC_RELAXED) == 0))
+    return EBUSY;
   store(o, &v);
   if (o->field == &_keel_options.thp) _keel_thp_apply_all();
   if (o->field == &_keel_options.background_purge && v.b) _keel_background_start();
@@ -296,7 +306,7 @@ KEEL_API KEEL_COLD int keel_option_get(const char* name, char* buf, size_t size)
     case K_SIZE: _keel_buf_u64(&b, __atomic_load_n((uint64_t*)o->field, __ATOMIC_RELAXED)); break;
     case K_BOOL: _keel_buf_str(&b, __atomic_load_n((bool*)o->field, __ATOMIC_RELAXED) ? "1" : "0"); break;
     case K_ENUM: _keel_buf_str(&b, o->names[__atomic_load_n((int*)o->field, __ATOMIC_RELAXED)]); break;
-    case K_PATH: _keel_buf_str(&b, (const char*)o->field); break;
+    case K_PATH: path_of(o, text, sizeof text); b.len = strlen(text); break;
   }
   if (buf == NULL || size <= b.len) return ERANGE;
   memcpy(buf, text, b.len + 1);

@@ -54,18 +54,26 @@ KEEL_HOT static uint64_t draw(uint64_t mean) {
 
 KEEL_HOT uint32_t _keel_profile_first_countdown(unsigned cls) {
   if (!_keel_profiling) return UINT32_MAX;
-  uint64_t d = draw(_keel_options.profile_rate / _keel_classes[cls].size);
+  uint64_t d = draw(keel_opt(profile_rate) / _keel_classes[cls].size);
   return d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
+}
+
+/* The thread caches' hook (_keel_tcache_sampling): a new cache's bins start counting
+ * down to their first sample. */
+static void start_countdowns(keel_tcache_t* t) {
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++)
+    keel_bin_set_countdown(&t->bin[cls], _keel_profile_first_countdown(cls));
 }
 
 /* Writes nothing unless profiling is on (it cannot be turned on later): these
  * variables share a page with the profiler's cold tables, and a process that never
  * profiles should not write it, nor walk the loaded objects for Keel's code range. */
 KEEL_HOT void _keel_profile_init(void) {
-  if (_keel_options.profile_rate == 0) return;
+  if (keel_opt(profile_rate) == 0) return;
   _keel_profiling = true;
+  __atomic_store_n(&_keel_tcache_sampling, start_countdowns, __ATOMIC_RELAXED);
   rng ^= _keel_prim_random();
-  big_left = (int64_t)draw(_keel_options.profile_rate);
+  big_left = (int64_t)draw(keel_opt(profile_rate));
   _keel_prim_code_range((const void*)&_keel_profile_init, &self_lo, &self_hi);
 }
 
@@ -156,7 +164,7 @@ KEEL_HOT void* _keel_profile_countdown_expired_sized(void* p, size_t n) {
 void _keel_profile_sample_big(void* p, size_t n) {
   big_left -= (int64_t)n;
   if (big_left > 0) return;
-  big_left = (int64_t)draw(_keel_options.profile_rate);
+  big_left = (int64_t)draw(keel_opt(profile_rate));
   record(p, n);
 }
 
@@ -248,7 +256,7 @@ static bool dump_fd(int fd) {
   _keel_buf_str(&b, "heap profile: ");
   write_counts(&b, live_count, live_bytes);
   _keel_buf_str(&b, " heap_v2/");
-  _keel_buf_u64(&b, _keel_options.profile_rate);
+  _keel_buf_u64(&b, keel_opt(profile_rate));
   _keel_buf_str(&b, "\n");
   put(fd, &b);
   for (size_t i = 0; lines && i < cap; i++) {
@@ -281,8 +289,10 @@ bool _keel_profile_dump_to(const char* path) {
 }
 
 void _keel_profile_path(char* path, size_t cap, const char* tag) {
+  char prefix[sizeof _keel_options.profile_prefix];
+  keel_opt_str(prefix, sizeof prefix, profile_prefix);
   keel_buf_t b = {path, 0, cap};
-  _keel_buf_str(&b, _keel_options.profile_prefix);
+  _keel_buf_str(&b, prefix);
   _keel_buf_str(&b, ".");
   _keel_buf_u64(&b, (uint64_t)_keel_prim_getpid());
   _keel_buf_str(&b, ".");
@@ -297,11 +307,12 @@ static void dump_named(const char* tag) {
 }
 
 __attribute__((no_sanitize("thread"))) KEEL_HOT void _keel_profile_tick(void) {
-  if (!_keel_profiling || _keel_options.profile_growth == 0) return;
+  uint64_t growth = keel_opt(profile_growth);
+  if (!_keel_profiling || growth == 0) return;
   /* Each live sample stands for about `rate` bytes of the heap. */
   uint64_t count = __atomic_load_n(&live_count, __ATOMIC_RELAXED);
   if (count > last_dump_count &&
-      (count - last_dump_count) * _keel_options.profile_rate >= _keel_options.profile_growth) {
+      (count - last_dump_count) * keel_opt(profile_rate) >= growth) {
     char tag[24];
     keel_buf_t b = {tag, 0, sizeof tag};
     _keel_buf_u64(&b, dumps);
@@ -311,8 +322,8 @@ __attribute__((no_sanitize("thread"))) KEEL_HOT void _keel_profile_tick(void) {
 
 KEEL_HOT void _keel_profile_at_exit(void) {
   if (!_keel_profiling) return;
-  if (_keel_options.profile_at_exit) dump_named("exit");
-  if (!_keel_options.profile_leaks || table_used == 0) return;
+  if (keel_opt(profile_at_exit)) dump_named("exit");
+  if (!keel_opt(profile_leaks) || table_used == 0) return;
   /* Leak report: the stacks holding the most live sampled bytes. */
   keel_lock(&prof_lock);
   size_t cap = 0, map_bytes = 0;

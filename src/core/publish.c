@@ -118,7 +118,7 @@ static bool swept; /* inherited by forked children: one sweep per program, not p
 
 static void create(void) {
   __atomic_store_n(&tried, true, __ATOMIC_RELAXED);
-  if (!_keel_options.publish) return;
+  if (!keel_opt(publish)) return;
   /* Files of processes that ended without removing theirs (SIGKILL, _exit, a
    * PostgreSQL immediate shutdown) would pile up in memory-backed /dev/shm: 1,308
    * (8.7 MiB) on the test machine after a day of test runs. */

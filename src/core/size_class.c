@@ -63,6 +63,7 @@ const keel_class_t _keel_classes[KEEL_NUM_CLASSES] = {
 _Static_assert(KEEL_UNIT_SIZE == 65536u, "the table's slabs are in 64 KiB units");
 
 void _keel_classes_init(void) {
+  uint64_t fine_at = keel_opt(fine_classes);
   /* Coarse classes: up to 128 bytes every class, above that the four per doubling
    * (sizes a multiple of a quarter of their power of two: 160, 192, 224, 256, 320, ...).
    * Each fine class is served by the smallest coarse class at least as big. */
@@ -74,10 +75,10 @@ void _keel_classes_init(void) {
       if (size <= 128 || size % ((size_t)1 << (log - 2)) == 0) break;
     }
     coarse_of[cls] = (uint8_t)serving;
-    _keel_class_serving[cls] = (uint8_t)(_keel_options.fine_classes == 0 ? cls : serving);
-    if (serving != cls && _keel_options.fine_classes != 0) _keel_class_group_pending[serving] = 1;
+    _keel_class_serving[cls] = (uint8_t)(fine_at == 0 ? cls : serving);
+    if (serving != cls && fine_at != 0) _keel_class_group_pending[serving] = 1;
   }
-  fine = _keel_options.fine_classes == 0;
+  fine = fine_at == 0;
 }
 
 /* Whether coarse class c's group has grown enough to be worth its finer classes. Each
@@ -110,7 +111,7 @@ bool _keel_classes_are_fine(void) { return __atomic_load_n(&fine, __ATOMIC_RELAX
  * at once, blocks freed after the switch left holes in the coarse slabs that only
  * requests of the coarse class's own size filled.) */
 void _keel_classes_slabs_grew(uint64_t slab_bytes) {
-  if (__atomic_load_n(&fine, __ATOMIC_RELAXED) || slab_bytes < _keel_options.fine_classes) return;
+  if (__atomic_load_n(&fine, __ATOMIC_RELAXED) || slab_bytes < keel_opt(fine_classes)) return;
   if (__atomic_exchange_n(&fine, true, __ATOMIC_RELAXED)) return;
   bool any = false;
   for (unsigned c = 1; c < KEEL_NUM_CLASSES; c++)

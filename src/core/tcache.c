@@ -21,7 +21,8 @@ keel_tcache_t _keel_tc_empty; /* all bins empty with no room: every access misse
  * taken ahead of need (its frees go back to the slabs, where the next thread's
  * allocations find them). A thread that keeps going gets its cache at its next slow-path
  * call, having paid at most YOUNG_OPS lock round trips (a few microseconds). With the
- * heap profiler on, a thread gets its cache at once: sampling counts down in the bins. */
+ * heap profiler on (its hook _keel_tcache_sampling set), a thread gets its cache at
+ * once: sampling counts down in the bins. */
 #define YOUNG_OPS 64
 
 enum { THREAD_NEW = 0, THREAD_YOUNG, THREAD_CACHED, THREAD_BUSY, THREAD_GONE };
@@ -76,7 +77,7 @@ static void bin_grow(keel_tcache_t* t, unsigned cls) {
   uint32_t grow = k->batch; /* past a batch */
   if (max < k->batch) grow = max == 0 ? 1 : max < k->batch - max ? max : k->batch - max; /* doubling */
   if (max + grow > k->bin_limit) grow = k->bin_limit - max;
-  if (max >= k->batch && t->max_bytes + (size_t)grow * k->size > _keel_options.tcache_bytes)
+  if (max >= k->batch && t->max_bytes + (size_t)grow * k->size > keel_opt(tcache_bytes))
     return;
   t->bin[cls].max += grow;
   t->bin[cls].avail += grow;
@@ -97,13 +98,17 @@ void _keel_tcache_classes_changed(void) {
   keel_unlock(&registry_lock);
 }
 
+void (*_keel_tcache_sampling)(keel_tcache_t* t);
+
 static void bins_reset(keel_tcache_t* t) {
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     t->head[cls] = 0;
     t->bin[cls].max = initial_max(cls);
     t->bin[cls].avail = t->bin[cls].max;
-    keel_bin_set_countdown(&t->bin[cls], _keel_profile_first_countdown(cls));
+    keel_bin_set_countdown(&t->bin[cls], UINT32_MAX); /* no sample, in effect */
   }
+  void (*sampling)(keel_tcache_t*) = __atomic_load_n(&_keel_tcache_sampling, __ATOMIC_RELAXED);
+  if (sampling != NULL) sampling(t);
   t->head[0] = 0;
   t->bin[0].max = t->bin[0].avail = 0;
   t->max_bytes = 0;
@@ -185,7 +190,7 @@ static inline bool spare_recycled(void) {
 static keel_tcache_t* tcache_or_young(void) {
   if (thread_state == THREAD_NEW && !thread_register()) return tcache_create();
   if (thread_state != THREAD_YOUNG) return NULL;
-  if (young_ops < YOUNG_OPS && !_keel_profiling && !spare_recycled()) {
+  if (young_ops < YOUNG_OPS && __atomic_load_n(&_keel_tcache_sampling, __ATOMIC_RELAXED) == NULL && !spare_recycled()) {
     young_ops++;
     return NULL;
   }

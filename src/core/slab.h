@@ -1,0 +1,56 @@
+/* slab.h -- what the three files of the central lists share, and no one else includes:
+ * central.c (the shared free lists: slabs, and batches taken from and put back to them),
+ * borrow.c (holes of a larger class lent or carved for a smaller one) and slab_trim.c
+ * (free pages inside slabs returned to the OS; the purger's pass over the lists).
+ *
+ * The helpers of a take or a put of a batch stay static in central.c, where they are
+ * inlined; the other two files get from it only what their cold paths need, as calls. */
+#ifndef KEEL_SLAB_H
+#define KEEL_SLAB_H
+
+#include "core/internal.h"
+
+static inline void* slab_base(keel_chunk_t* c, keel_slab_t* head) {
+  return keel_unit_addr(c, (unsigned)(head - c->units));
+}
+
+/* The head of the span that p lies in. */
+static inline keel_slab_t* slab_of(const void* p) {
+  keel_chunk_t* c = keel_chunk_of(p);
+  return keel_span_head(c, keel_unit_index(p));
+}
+
+/* Locks cls's central list, activating the class first if needed. No Keel lock may be
+ * held (activate_lock comes before the central locks in the fork handlers' order). */
+static inline keel_central_t* lock_class(unsigned cls) {
+  keel_central_t* cl = KEEL_UNLIKELY(!_keel_central_active(cls)) ? _keel_central_activate(cls) : keel_central_of(cls);
+  keel_lock(&cl->lock);
+  return cl;
+}
+
+/* central.c, the class's lock held. */
+/* Slab s gets its rows of its chunk's free_rest (internal.h) if it has none. */
+void _keel_slab_rows_take(keel_slab_t* s, const keel_class_t* k) KEEL_INTERNAL;
+/* Slab s handed out its last free block: it leaves the partial list. */
+void _keel_slab_became_full(keel_central_t* cl, keel_slab_t* s, const keel_class_t* k) KEEL_INTERNAL;
+/* Block p of class cls goes back to its slab (a stop if it is not out of it). */
+void _keel_slab_put(keel_central_t* cl, unsigned cls, void* p) KEEL_INTERNAL;
+/* Every block of a list of class cls goes back to its slab. */
+void _keel_slab_put_list(keel_central_t* cl, unsigned cls, void* list) KEEL_INTERNAL;
+/* Slab s of the partial list, if it is empty and may go, goes back to the page heap;
+ * returns whether it went. */
+bool _keel_slab_release_empty(keel_central_t* cl, unsigned cls, keel_slab_t* s) KEEL_INTERNAL;
+
+/* slab_trim.c. */
+/* A class that has taken nothing from its slabs for this many purger ticks is cold: its
+ * frees purge the pages they empty, and it may lend its holes. 0 until the purger runs. */
+extern uint32_t _keel_cold_ticks KEEL_INTERNAL;
+/* True if the OS page at offset off of slab s holds free blocks only, or only the slab's
+ * unused tail. */
+bool _keel_slab_page_free(const keel_slab_t* s, const keel_class_t* k, size_t off) KEEL_INTERNAL;
+/* Lock held, in a cold class: the blocks of mask (bits of bitmap word w of slab s, which
+ * still holds live blocks) just came back; purges the pages they leave free, if s may be
+ * purged. */
+void _keel_slab_purge_freed(const keel_class_t* k, keel_slab_t* s, unsigned w, uint64_t mask) KEEL_INTERNAL;
+
+#endif /* KEEL_SLAB_H */
