@@ -127,7 +127,7 @@ static int64_t arenas_muzzy_ms = 0;
 static uint64_t tcache_ids[(JE_TCACHE_IDS + 63) / 64]; /* explicit cache ids in use */
 
 int64_t _keel_je_purge_delay_ms(void) {
-  uint64_t d = __atomic_load_n(&_keel_options.purge_delay_ms, __ATOMIC_RELAXED);
+  uint64_t d = keel_opt(purge_delay_ms);
   return d > (uint64_t)INT64_MAX ? -1 : (int64_t)d; /* "never" reads as jemalloc's -1 */
 }
 
@@ -315,7 +315,7 @@ static int r_epoch(RAW_ARGS) {
 
 bool _keel_je_bg_enabled(void) {
   int b = __atomic_load_n(&bg_thread, __ATOMIC_RELAXED);
-  return b < 0 ? _keel_options.background_purge : b != 0;
+  return b < 0 ? keel_opt(background_purge) : b != 0;
 }
 GETN(g_bg, _keel_je_bg_enabled())
 /* Recorded only: Keel's purger thread runs or not by KEEL_BACKGROUND_PURGE (and without
@@ -346,7 +346,7 @@ static const ctl_node_t config_kids[] CTL_TREE = {
     N_RO("utrace", V_BOOL, g_false),          N_RO("xmalloc", V_BOOL, g_false),
 };
 
-GETN(g_opt_bg, _keel_options.background_purge)
+GETN(g_opt_bg, keel_opt(background_purge))
 static int64_t load_i64(const int64_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
 static int g_opt_dirty(const size_t* mib, val_t* v) {
   (void)mib;
@@ -355,7 +355,7 @@ static int g_opt_dirty(const size_t* mib, val_t* v) {
   return 0;
 }
 GETN(g_oversize, KEEL_LARGE_MAX) /* larger blocks get their own mapping */
-GETN(g_stats_print, _keel_options.stats_at_exit)
+GETN(g_stats_print, keel_opt(stats_at_exit))
 GETN(g_minus_one, -1)
 GETS(g_junk, _keel_options.check ? "true" : "false") /* the checked mode fills and poisons */
 GETN(g_opt_tcache, !_keel_options.check)
@@ -624,7 +624,7 @@ GETN(g_metadata, SNAP(s.metadata))
 GETN(g_resident, SNAP(resident))
 GETN(g_mapped, SNAP(mapped))
 GETN(g_retained, SNAP(s.retained))
-GETN(g_bg_threads, _keel_je_bg_enabled() && _keel_options.background_purge ? 1 : 0)
+GETN(g_bg_threads, _keel_je_bg_enabled() && keel_opt(background_purge) ? 1 : 0)
 GETN(g_purge_runs, SNAP(s.purge_runs))
 GETN(g_nthreads, SNAP(s.threads))
 GETS(g_dss_na, "disabled")

@@ -164,7 +164,7 @@ static KEEL_COLD void print_text(out_t* o, const je_snap_t* x, bool general, boo
   out_s(o, ", retained: ");
   out_u(o, x->s.retained);
   out_s(o, "\nBackground threads: ");
-  out_u(o, _keel_je_bg_enabled() && _keel_options.background_purge ? 1 : 0);
+  out_u(o, _keel_je_bg_enabled() && keel_opt(background_purge) ? 1 : 0);
   out_s(o, ", num_runs: ");
   out_u(o, x->s.purge_runs);
   out_s(o, ", run_interval: 0 ns\n");
@@ -306,7 +306,7 @@ static KEEL_COLD void print_json(out_t* o, const je_snap_t* x, bool general, boo
   j_key(o, &f2, 3, "background_thread");
   out_s(o, "{");
   bool f3 = true;
-  j_u(o, &f3, 4, "num_threads", _keel_je_bg_enabled() && _keel_options.background_purge ? 1 : 0);
+  j_u(o, &f3, 4, "num_threads", _keel_je_bg_enabled() && keel_opt(background_purge) ? 1 : 0);
   j_u(o, &f3, 4, "num_runs", x->s.purge_runs);
   j_u(o, &f3, 4, "run_interval", 0);
   j_close(o, 3, '}');

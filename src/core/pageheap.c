@@ -184,7 +184,7 @@ void _keel_pageheap_free(keel_slab_t* head) {
   give_units(c, k, n, now);
   list_insert(c);
   if (large) purge_large_over_cap(c, k, n);
-  if (now - last_purge_ms >= _keel_options.purge_delay_ms / 2 + 1) purge_locked(false, now);
+  if (now - last_purge_ms >= keel_opt(purge_delay_ms) / 2 + 1) purge_locked(false, now);
   else purge_to_cap(now);
   keel_unlock(&heap_lock);
 }
@@ -259,7 +259,7 @@ void _keel_pageheap_make_dirty(keel_chunk_t* c, uint64_t bits) {
 /* Gives back dirty free units freed at least the purge delay ago (all of them if
  * `all`), and unmaps chunks left wholly free and clean. Returns bytes released. */
 static size_t purge_locked(bool all, uint64_t now) {
-  return purge_older(_keel_options.purge_delay_ms, all, now);
+  return purge_older(keel_opt(purge_delay_ms), all, now);
 }
 
 /* Free units that may hold pages are purged once freed for the purge delay, and sooner
@@ -280,7 +280,7 @@ static bool over_cap(void) {
 static void purge_to_cap(uint64_t now) {
   if (!over_cap() || now == last_cap_ms) return; /* at most one pass a millisecond */
   last_cap_ms = now;
-  purge_older(_keel_options.purge_delay_ms / 8, false, now);
+  purge_older(keel_opt(purge_delay_ms) / 8, false, now);
 }
 /* Units k..k+n-1 of c were a large block: purged now if free units are over the cap
  * (never parts of a huge page: KEEL_THP=always and dense give those back whole). */
@@ -345,7 +345,7 @@ size_t _keel_pageheap_purge(bool all) {
 __attribute__((no_sanitize("thread"))) void _keel_pageheap_maybe_purge(void) {
   uint64_t now = _keel_prim_clock_ms();
   if (__atomic_load_n(&dirty_units, __ATOMIC_RELAXED) == 0) return;
-  if (now - __atomic_load_n(&last_purge_ms, __ATOMIC_RELAXED) < _keel_options.purge_delay_ms / 4)
+  if (now - __atomic_load_n(&last_purge_ms, __ATOMIC_RELAXED) < keel_opt(purge_delay_ms) / 4)
     return;
   keel_lock(&heap_lock);
   purge_locked(false, now);

@@ -17,7 +17,7 @@ static unsigned promote_units(void);
  * for, so the purge (pageheap.c) releases only free, huge-page-aligned huge pages and
  * central.c stops trimming the pages inside slabs. */
 int _keel_thp_advice(void) {
-  int policy = __atomic_load_n(&_keel_options.thp, __ATOMIC_RELAXED);
+  int policy = keel_opt(thp);
   if (policy == KEEL_THP_DENSE) /* no huge page at fault time, whatever the machine says */
     return _keel_prim_thp_machine_mode() == 2 ? -1 : 0;
   return policy == KEEL_THP_ALWAYS ? 1 : policy == KEEL_THP_NEVER ? -1 : 0;
@@ -26,7 +26,7 @@ int _keel_thp_advice(void) {
 /* The huge page size Keel assumes (KEEL_HUGE_PAGE_SIZE, else the OS's), rounded up to a
  * power of two so that "aligned" means something; 0 when there are none. */
 size_t _keel_thp_size(void) {
-  size_t hp = (size_t)__atomic_load_n(&_keel_options.huge_page_size, __ATOMIC_RELAXED);
+  size_t hp = (size_t)keel_opt(huge_page_size);
   if (hp == 0) hp = _keel_prim_huge_page_size();
   if (hp > ((size_t)1 << 40)) hp = (size_t)1 << 40; /* a nonsense override */
   if (hp & (hp - 1)) hp = (size_t)1 << (64 - __builtin_clzll((unsigned long long)hp));
@@ -42,7 +42,7 @@ size_t _keel_thp_size(void) {
  * then nothing inside a chunk is purged and memory goes back as wholly free chunks
  * only: that is what asking for huge pages of that size costs. */
 size_t _keel_thp_purge_granule(void) {
-  return __atomic_load_n(&_keel_options.thp, __ATOMIC_RELAXED) == KEEL_THP_ALWAYS
+  return keel_opt(thp) == KEEL_THP_ALWAYS
              ? _keel_thp_size() : 0;
 }
 
@@ -194,7 +194,7 @@ static void promote(keel_chunk_t* c, unsigned k, unsigned g) {
  * (the lock is held meanwhile), starting where the previous call stopped; a chunk is
  * looked at again at most every PROMOTE_RECHECK_MS. Purger thread only. */
 void _keel_pageheap_promote(void) {
-  if (__atomic_load_n(&_keel_options.thp, __ATOMIC_RELAXED) != KEEL_THP_DENSE) return;
+  if (keel_opt(thp) != KEEL_THP_DENSE) return;
   unsigned g = promote_units();
   if (g == 0) return;
   static unsigned resume_run;
