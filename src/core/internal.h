@@ -293,7 +293,7 @@ size_t _keel_thp_purge_granule(void) KEEL_INTERNAL; /* smallest purge (0: any; a
 void _keel_pageheap_promote(void) KEEL_INTERNAL;
 bool _keel_pageheap_promoted(const void* p, size_t units) KEEL_INTERNAL;
 /* Makes the collapsed huge pages over those units ordinary base pages again: a slab in
- * one that has become sparse is trimmed like any other (central.c). */
+ * one that has become sparse is trimmed like any other (slab_trim.c). */
 void _keel_pageheap_demote(const void* p, size_t units) KEEL_INTERNAL;
 typedef struct keel_thp_counts_s {
   uint64_t promoted;  /* huge pages collapsed and still whole */

@@ -140,7 +140,7 @@ KEEL_HOT void* _keel_profile_countdown_expired(keel_tcache_t* t, unsigned cls, v
   }
   keel_bin_set_countdown(b, _keel_profile_first_countdown(cls));
   if (!_keel_profiling || in_profiler) return p;
-  /* A block borrowed from a larger class (central.c) just before profiling started
+  /* A block borrowed from a larger class (borrow.c) just before profiling started
    * cannot go on this bin: it is not sampled. */
   if (keel_pagemap_get(p) != cls) return p;
   void** q = (void**)_keel_central_take_sampled(cls);

@@ -86,9 +86,9 @@ static void print_stats(int fd, const char* title) {
   line(&b, "os_page_size", s.os_page_size);
   line(&b, "huge_page_size", s.huge_page_size);
   uint64_t borrowed = _keel_central_borrowed_blocks();
-  if (borrowed) line(&b, "borrowed_blocks", borrowed); /* central.c: holes lent from larger classes' slabs */
+  if (borrowed) line(&b, "borrowed_blocks", borrowed); /* borrow.c: holes lent from larger classes' slabs */
   uint64_t carved = _keel_central_carved_holes();
-  if (carved) line(&b, "carved_holes", carved); /* central.c: holes carved into smaller blocks */
+  if (carved) line(&b, "carved_holes", carved); /* borrow.c: holes carved into smaller blocks */
   keel_thp_counts_t thp;
   _keel_thp_counts(&thp);
   if (thp.collapses || thp.refused) { /* KEEL_THP=dense */

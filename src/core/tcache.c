@@ -296,7 +296,7 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) {
     if (list != NULL) return bin_refill(t, cls, list, got);
     looked = _keel_central_parks(cls, want);
   }
-  /* The class would take a new slab: a hole a larger class can spare first (central.c,
+  /* The class would take a new slab: a hole a larger class can spare first (borrow.c,
    * borrowing) - one in this thread's own bin of that class if there is one. A program
    * that allocates and frees a block of a class that only ever borrowed gets back, each
    * time, the block it just freed, from its bin: without this each of those requests

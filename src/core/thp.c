@@ -15,7 +15,7 @@ static unsigned promote_units(void);
  * page is only ever given back whole (TCMalloc Temeraire's rule): a MADV_DONTNEED on part
  * of one splits it into base pages for good, which costs the TLB reach the program asked
  * for, so the purge (pageheap.c) releases only free, huge-page-aligned huge pages and
- * central.c stops trimming the pages inside slabs. */
+ * slab_trim.c stops trimming the pages inside slabs. */
 int _keel_thp_advice(void) {
   int policy = keel_opt(thp);
   if (policy == KEEL_THP_DENSE) /* no huge page at fault time, whatever the machine says */

@@ -17,7 +17,7 @@ void* _keel_alloc_direct(unsigned cls) {
   return p;
 }
 
-/* may_borrow: the block may be of a larger class (central.c, borrowing); false for
+/* may_borrow: the block may be of a larger class (borrow.c); false for
  * aligned requests, whose class was chosen for its blocks' alignment. */
 static inline void* alloc_class(unsigned cls, size_t n, bool via_cache, bool may_borrow) {
   if (!via_cache) return _keel_alloc_direct(cls);

@@ -23,7 +23,7 @@ static void verify_slab(keel_chunk_t* c, unsigned k, keel_slab_t* s, uint64_t* u
   if (kc->count % 64) VERIFY((keel_slab_word(s, kc->count, words - 1) >> (kc->count % 64)) == 0);
   VERIFY(free_blocks + s->used == kc->count);
   VERIFY(s->in_partial == (s->used < kc->count) || s->used == 0);
-  uint32_t carved = 0; /* the carved-hole bitmap follows the free one (central.c) */
+  uint32_t carved = 0; /* the carved-hole bitmap follows the free one (borrow.c) */
   for (unsigned w = 0; s->carved > 0 && w < words; w++)
     carved += (uint32_t)__builtin_popcountll(KEEL_SLAB_BITS(s, words + w));
   VERIFY(carved == s->carved && !(s->carved && s->sampled));

@@ -21,7 +21,7 @@
  *     keel_thread_flush;
  *   - Keel's background purger thread (KEEL_PURGE_DELAY short) returns memory.
  * Before that, a borrowing phase: two threads take holes of a fragmented larger class
- * (central.c's borrowing) while a third allocates and frees in that class.
+ * (borrow.c) while a third allocates and frees in that class.
  *
  * Environment: KEEL_STRESS_SCALE (default 1) scales the operation counts.
  */

@@ -742,7 +742,7 @@ static void test_purge_now(void) {
   _keel_options.background_purge = true;
 }
 
-/* Borrowing (central.c): a class that would take a new slab gets a free block of a
+/* Borrowing (borrow.c): a class that would take a new slab gets a free block of a
  * larger class instead - one that has gone cold, or has an eighth of its blocks free -
  * but only a block that shares its pages with blocks in use; never from a class that is
  * taking and has few holes, and never for an aligned request. */
@@ -915,7 +915,7 @@ static void test_borrow(void) {
   _keel_options.background_purge = true;
 }
 
-/* Carving (central.c): a class that finds nothing to borrow within twice its size takes
+/* Carving (borrow.c): a class that finds nothing to borrow within twice its size takes
  * a free block of a class 4-64 times its size, on pages in use, and hands out its own
  * blocks from it; the block goes back to its class with the last of them. Frees in the
  * lender's slab take the slow path, which tells its own blocks from carved ones. */
