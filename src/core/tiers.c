@@ -34,35 +34,47 @@ static inline void* alloc_class(unsigned cls, size_t n, bool via_cache, bool may
   return p;
 }
 
+/* The tier a request of n bytes aligned to align goes to, and for the small tier its class:
+ * the one choice that _keel_alloc_any acts on and _keel_usable_for reports. Small classes
+ * whose size is a multiple of the alignment hold only aligned blocks (slabs start on
+ * 64 KiB boundaries). n is at least 1. */
+static inline int choose_tier(size_t n, size_t align, unsigned* cls) {
+  if (n > KEEL_MAX_ALLOC) return TIER_NONE;
+  if (align <= 16) {
+    if (n <= KEEL_CLASS_MAX) {
+      *cls = keel_size_class(n);
+      return TIER_SMALL;
+    }
+    return n <= KEEL_LARGE_MAX ? TIER_LARGE : TIER_HUGE;
+  }
+  size_t rounded = (n + align - 1) & ~(align - 1); /* no overflow: n < 2^63, align <= 2^62 */
+  if (align <= KEEL_UNIT_SIZE && rounded <= KEEL_CLASS_MAX) {
+    unsigned c = keel_size_class(rounded);
+    while (c < KEEL_NUM_CLASSES && _keel_classes[c].size % align != 0) c++;
+    if (c < KEEL_NUM_CLASSES) {
+      *cls = c;
+      return TIER_SMALL;
+    }
+  }
+  return n <= KEEL_LARGE_MAX && align <= KEEL_CHUNK_SIZE / 2 ? TIER_LARGE : TIER_HUGE;
+}
+
+/* A large block of an aligned request spans more than the small classes' range. */
+static inline size_t large_bytes(size_t n, size_t align) { return align <= 16 || n > KEEL_CLASS_MAX ? n : KEEL_CLASS_MAX + 1; }
+
 void* _keel_alloc_any(size_t n, size_t align, bool zero, bool via_cache) {
   keel_ensure_init();
   if (n == 0) n = 1;
-  if (n > KEEL_MAX_ALLOC) return enomem();
-  if (align <= 16) {
-    if (n <= KEEL_CLASS_MAX) {
-      void* p = alloc_class(keel_size_class(n), n, via_cache, true);
-      if (zero && p) memset(p, 0, n);
-      return p;
-    }
-    void* p = n <= KEEL_LARGE_MAX ? _keel_large_alloc(n, 0, zero) : _keel_huge_alloc(n, 0, zero);
-    if (KEEL_UNLIKELY(_keel_profiling) && p) _keel_profile_sample_big(p, n);
+  unsigned cls = 0;
+  int tier = choose_tier(n, align, &cls);
+  if (tier == TIER_SMALL) {
+    void* p = alloc_class(cls, n, via_cache, align <= 16);
+    if (zero && p) memset(p, 0, n);
     return p;
   }
-  /* Small classes whose size is a multiple of the alignment hold only aligned blocks
-   * (slabs start on 64 KiB boundaries). */
-  size_t rounded = (n + align - 1) & ~(align - 1);
-  if (align <= KEEL_UNIT_SIZE && rounded <= KEEL_CLASS_MAX) {
-    unsigned cls = keel_size_class(rounded);
-    while (cls < KEEL_NUM_CLASSES && _keel_classes[cls].size % align != 0) cls++;
-    if (cls < KEEL_NUM_CLASSES) {
-      void* p = alloc_class(cls, n, via_cache, false);
-      if (zero && p) memset(p, 0, n);
-      return p;
-    }
-  }
-  void* p = n <= KEEL_LARGE_MAX && align <= KEEL_CHUNK_SIZE / 2
-                ? _keel_large_alloc(n > KEEL_CLASS_MAX ? n : KEEL_CLASS_MAX + 1, align, zero)
-                : _keel_huge_alloc(n, align, zero);
+  if (tier == TIER_NONE) return enomem();
+  void* p = tier == TIER_LARGE ? _keel_large_alloc(large_bytes(n, align), align <= 16 ? 0 : align, zero)
+                               : _keel_huge_alloc(n, align <= 16 ? 0 : align, zero);
   if (KEEL_UNLIKELY(_keel_profiling) && p) _keel_profile_sample_big(p, n);
   return p;
 }
@@ -102,37 +114,16 @@ void* _keel_realloc_big(void* p, uint8_t kind, size_t n) {
 static size_t keel_round_up(size_t n, size_t a) { return (n + a - 1) & ~(a - 1); }
 
 /* The usable size of the block _keel_alloc_any(n, align, ...) hands out, computed without
- * allocating, and its tier; 0 if the request can never succeed. Must follow the choices
- * of _keel_alloc_any above (tests/jemalloc checks nallocx against real blocks). */
+ * allocating, and its tier; 0 if the request can never succeed (tests/jemalloc checks
+ * nallocx against real blocks). */
 size_t _keel_usable_for(size_t n, size_t align, int* tier) {
-  *tier = TIER_NONE;
   if (n == 0) n = 1;
-  if (n > KEEL_MAX_ALLOC) return 0;
-  if (align <= 16) {
-    if (n <= KEEL_CLASS_MAX) {
-      *tier = TIER_SMALL;
-      return _keel_classes[keel_size_class(n)].size;
-    }
-    if (n <= KEEL_LARGE_MAX) {
-      *tier = TIER_LARGE;
-      return keel_round_up(n, KEEL_UNIT_SIZE);
-    }
-    *tier = TIER_HUGE;
-    return _keel_huge_bytes(n);
+  unsigned cls = 0;
+  *tier = choose_tier(n, align, &cls);
+  switch (*tier) {
+    case TIER_SMALL: return _keel_classes[cls].size;
+    case TIER_LARGE: return keel_round_up(large_bytes(n, align), KEEL_UNIT_SIZE);
+    case TIER_HUGE: return _keel_huge_bytes(n);
+    default: return 0;
   }
-  size_t rounded = keel_round_up(n, align); /* no overflow: n < 2^63, align <= 2^62 */
-  if (align <= KEEL_UNIT_SIZE && rounded <= KEEL_CLASS_MAX) {
-    unsigned cls = keel_size_class(rounded);
-    while (cls < KEEL_NUM_CLASSES && _keel_classes[cls].size % align != 0) cls++;
-    if (cls < KEEL_NUM_CLASSES) {
-      *tier = TIER_SMALL;
-      return _keel_classes[cls].size;
-    }
-  }
-  if (n <= KEEL_LARGE_MAX && align <= KEEL_CHUNK_SIZE / 2) {
-    *tier = TIER_LARGE;
-    return keel_round_up(n > KEEL_CLASS_MAX ? n : KEEL_CLASS_MAX + 1, KEEL_UNIT_SIZE);
-  }
-  *tier = TIER_HUGE;
-  return _keel_huge_bytes(n);
 }
