@@ -188,7 +188,7 @@ static void* carve_take_block(unsigned cls, keel_carve_t* d) {
 
 /* A hole of class lender (see slab_take_hole), if it can lend one now; NULL if not.
  * With carve, the hole is marked carved in its slab (below) under the lender's lock. */
-static KEEL_COLD void* take_hole(unsigned lender, uint32_t now, uint32_t cold, bool carve) {
+static void* take_hole(unsigned lender, uint32_t now, uint32_t cold, bool carve) {
   keel_central_t* cl = keel_central_of(lender);
   const keel_class_t* k = &_keel_classes[lender];
   if (__atomic_load_n(&cl->partial, __ATOMIC_RELAXED) == NULL || !can_lend(cl, k, now, cold) ||
@@ -328,7 +328,7 @@ static void carve_release(keel_carve_t* d) {
   keel_unlock(&cl->lock);
 }
 
-KEEL_COLD unsigned _keel_central_carved_free(void* p, const char* call) {
+unsigned _keel_central_carved_free(void* p, const char* call) {
   unsigned lender;
   keel_carve_t* d = carved_hole_of(p, &lender);
   if (d == NULL) return lender;
@@ -358,7 +358,7 @@ KEEL_COLD unsigned _keel_central_carved_free(void* p, const char* call) {
   return 0;
 }
 
-KEEL_COLD size_t _keel_central_carved_size(const void* p, const char* call) {
+size_t _keel_central_carved_size(const void* p, const char* call) {
   unsigned lender;
   keel_carve_t* d = carved_hole_of(p, &lender);
   if (d == NULL) return _keel_classes[lender].size;

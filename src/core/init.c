@@ -165,7 +165,7 @@ static void* purger_main(void* arg) {
       _keel_central_decay(keel_opt(purge_delay_ms) / tick + 1);
       if (_keel_pageheap_dirty_bytes() != 0) _keel_pageheap_maybe_purge();
       if (_keel_huge_cache_pending()) _keel_huge_purge(false);
-      _keel_pageheap_promote();
+      if (keel_opt(thp) == KEEL_THP_DENSE) _keel_pageheap_promote();
       _keel_mesh_tick();
     }
     _keel_publish_tick();

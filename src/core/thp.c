@@ -107,7 +107,7 @@ static void demote(keel_chunk_t* c, unsigned k, unsigned g) {
   if (_keel_thp_advice() < 0) _keel_prim_thp_advise(keel_unit_addr(c, k), (size_t)g << KEEL_UNIT_SHIFT, -1);
 }
 
-void _keel_pageheap_demote(const void* p, size_t units) {
+KEEL_COLD void _keel_pageheap_demote(const void* p, size_t units) {
   unsigned g = promote_units();
   if (g == 0) return;
   keel_chunk_t* c = keel_chunk_of(p);
@@ -120,7 +120,7 @@ void _keel_pageheap_demote(const void* p, size_t units) {
 
 /* Purges each promoted huge page of c that is wholly free and due, whole, and releases c
  * if it is wholly free and due (*gone then). Lock held. Returns bytes released. */
-size_t _keel_thp_purge_promoted(keel_chunk_t* c, uint64_t due, bool all, bool* gone) {
+KEEL_COLD size_t _keel_thp_purge_promoted(keel_chunk_t* c, uint64_t due, bool all, bool* gone) {
   size_t released = 0;
   if ((*gone = _keel_pageheap_release_if_free(c, due, all, &released))) return released;
   unsigned g = promote_units();
@@ -192,8 +192,9 @@ static void promote(keel_chunk_t* c, unsigned k, unsigned g) {
 /* Collapses up to PROMOTE_PER_TICK huge pages that are in use and resident. Each call
  * walks at most PROMOTE_VISITS chunks and reads residency at most PROMOTE_PROBES times
  * (the lock is held meanwhile), starting where the previous call stopped; a chunk is
- * looked at again at most every PROMOTE_RECHECK_MS. Purger thread only. */
-void _keel_pageheap_promote(void) {
+ * looked at again at most every PROMOTE_RECHECK_MS. Purger thread only, under KEEL_THP=dense
+ * (the purger tests that first: this is cold code in every other mode). */
+KEEL_COLD void _keel_pageheap_promote(void) {
   if (keel_opt(thp) != KEEL_THP_DENSE) return;
   unsigned g = promote_units();
   if (g == 0) return;
