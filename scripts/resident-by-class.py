@@ -5,7 +5,7 @@ large blocks, free units of the page heap and the chunk headers, from the chunk 
 
     python3 scripts/resident-by-class.py PID
 
-Reads keel_chunk_t as src/core/internal.h lays it out (a 4 MiB-aligned chunk starts
+Reads keel_chunk_t as src/core/chunk.h lays it out (a 4 MiB-aligned chunk starts
 with the magic "KEELCHNK", the unit descriptors at byte 80, 48 bytes each: state at
 16, class at 17, head at 18, units at 19) and the class sizes as size_class.c computes
 them: change it with them. Issue 33's breakdown of Sphinx searchd was made with it."""

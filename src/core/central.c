@@ -102,7 +102,7 @@ static void partial_remove(keel_central_t* cl, keel_slab_t* s) {
 
 static uint64_t slab_units; /* units of all classes' slabs (the switch to fine classes) */
 
-/* Gives slab s, which has none, its rows of its chunk's free_rest (internal.h). The rows
+/* Gives slab s, which has none, its rows of its chunk's free_rest (chunk.h). The rows
  * are shared by the slabs of every class in the chunk, each under its own class's lock,
  * hence the CAS. A chunk holds at most 63 slabs and each keeps at most one of the 64
  * aligned pairs from being whole, so there is always room: one of the two words has

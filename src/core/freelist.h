@@ -23,6 +23,13 @@
 #ifndef KEEL_FREELIST_H
 #define KEEL_FREELIST_H
 
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/base.h"
+#include "core/tcache.h"
+
 #ifndef KEEL_LINK_ENCODING
 #define KEEL_LINK_ENCODING 1
 #endif

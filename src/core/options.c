@@ -10,7 +10,7 @@
  * milliseconds, or seconds with an "s" suffix. Nothing here allocates: start-up runs
  * inside the first malloc. A bad value or unknown name from keel_conf or the environment
  * gets one warning line and the current value is kept; from the API, an error code.
- * Every field is written with relaxed atomic stores and read with keel_opt() (internal.h
+ * Every field is written with relaxed atomic stores and read with keel_opt() (options.h
  * has the rule and its exceptions). */
 #include "core/internal.h"
 
@@ -170,7 +170,7 @@ static bool parse(const opt_t* o, const char* v, opt_value_t* out) {
 }
 
 /* Relaxed atomic stores: other threads read these fields while they change (the rule
- * is keel_opt's, internal.h). */
+ * is keel_opt's, options.h). */
 static void store(const opt_t* o, const opt_value_t* v) {
   switch (o->kind) {
     case K_MS:

@@ -4,7 +4,7 @@
  * to 128 KiB: 2^b + 2^b/64, for the power of two plus a header that servers allocate
  * (a 1 KiB Redis value is a 1,030-byte string), and eight steps of 2^b/8. Each class
  * gets the smallest slab (1..16 units) that wastes little.
- * A small heap is served by a coarse subset of them (internal.h, "Coarse, then fine"). */
+ * A small heap is served by a coarse subset of them (size_class.h, "Coarse, then fine"). */
 #include "core/internal.h"
 
 uint8_t _keel_class_serving[KEEL_NUM_CLASSES];

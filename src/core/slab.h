@@ -29,7 +29,7 @@ static inline keel_central_t* lock_class(unsigned cls) {
 }
 
 /* central.c, the class's lock held. */
-/* Slab s gets its rows of its chunk's free_rest (internal.h) if it has none. */
+/* Slab s gets its rows of its chunk's free_rest (chunk.h) if it has none. */
 void _keel_slab_rows_take(keel_slab_t* s, const keel_class_t* k) KEEL_INTERNAL;
 /* Slab s handed out its last free block: it leaves the partial list. */
 void _keel_slab_became_full(keel_central_t* cl, keel_slab_t* s, const keel_class_t* k) KEEL_INTERNAL;

@@ -1,7 +1,7 @@
 /* thp.h -- the calls between the page heap (pageheap.c) and its huge-page policy (thp.c).
  * The page heap owns the chunks, their lists and dirty-unit counts; the policy decides
  * what a purge may take and collapses huge pages. Private to those two files (the rest
- * of the core uses internal.h's _keel_thp_*); the page heap lock is held unless said. */
+ * of the core uses pageheap.h's _keel_thp_*); the page heap lock is held unless said. */
 #ifndef KEEL_THP_H
 #define KEEL_THP_H
 

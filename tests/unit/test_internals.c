@@ -994,7 +994,7 @@ static void test_carve(void) {
 }
 
 /* A slab's bitmap words after the first live in rows of its chunk's header that it
- * takes when it first needs them (internal.h, free_rest): one row of 32 words, or an
+ * takes when it first needs them (chunk.h, free_rest): one row of 32 words, or an
  * aligned pair for 16-byte blocks (63 words); the lowest free, so a few small-block
  * slabs keep their words on a page or two of the header. A full slab gives them back
  * (its words are all zero) and takes them again, zeroed, with its first free; a

@@ -1,0 +1,131 @@
+/* central.h -- the central free lists (central.c, borrow.c, slab_trim.c): one per size
+ * class, and what the rest of the core calls of them. */
+#ifndef KEEL_CENTRAL_H
+#define KEEL_CENTRAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/base.h"
+#include "core/chunk.h"
+#include "core/geometry.h"
+#include "core/lock.h"
+#include "core/size_class.h"
+
+/* ---- central free lists (central.c, borrow.c, slab_trim.c) ------------------------------
+ * One per size class: the slabs that still have free blocks, behind the class's lock,
+ * which a thread takes only when the transfer cache has nothing for it or no room. */
+typedef struct keel_central_s {
+  keel_lock_t lock;
+  uint32_t take_tick; /* purger tick when blocks were last taken (slab or transfer cache) */
+  keel_slab_t* partial; /* slabs with free blocks */
+  keel_slab_t* sampled_partial; /* the same, for slabs holding profile samples */
+  uint32_t slabs;       /* slabs of this class */
+  uint32_t pad;
+  uint64_t out;         /* blocks out of slabs: live, or in a cache */
+  /* The second line: state of borrowing and carving (borrow.c), under the class's lock
+   * unless said. */
+  keel_slab_t* lend_cursor;           /* where the next search for a hole to lend starts */
+  struct keel_carve_s* carve_partial; /* holes carved for this class with free blocks */
+  uint32_t lend_miss_tick;            /* 1 + the last tick a lend search found nothing */
+  uint32_t carved_blocks;             /* blocks of this class handed out of carved holes */
+  uint32_t carved_from;               /* holes carved out of this class's slabs */
+} __attribute__((aligned(64))) keel_central_t;
+/* Two cache lines. The array is in every process's .bss, in slot order (below): a
+ * program writes the entries of the classes it uses. */
+_Static_assert(sizeof(keel_central_t) == 128, "keel_central_t grew past two cache lines");
+
+/* Purger ticks so far (a coarse clock the central lists stamp without a system call). */
+extern uint64_t _keel_ticks KEEL_INTERNAL;
+
+/* The central lists, in the order their classes became active (central.c), so that a
+ * program writes as many pages of the array as the classes it uses fill; slot 0 is what
+ * an inactive class reads, all zero, never written. Indexed through keel_central_of. */
+extern keel_central_t _keel_central_slots[KEEL_NUM_CLASSES] KEEL_INTERNAL;
+extern uint8_t _keel_central_slot[KEEL_NUM_CLASSES] KEEL_INTERNAL;
+static inline keel_central_t* keel_central_of(unsigned cls) {
+  return &_keel_central_slots[__atomic_load_n(&_keel_central_slot[cls], __ATOMIC_ACQUIRE)];
+}
+
+/* Free blocks parked in cls's transfer cache (racy: statistics). */
+uint32_t _keel_central_parked_blocks(unsigned cls) KEEL_INTERNAL;
+/* Whether cls's central list has ever been locked (an inactive one is all zero). */
+bool _keel_central_active(unsigned cls) KEEL_INTERNAL;
+/* Makes cls active (its own entry, written from now on) and returns its entry. No Keel
+ * lock may be held. Before that, keel_central_of(cls) is the shared zero entry, which
+ * must not be written. */
+keel_central_t* _keel_central_activate(unsigned cls) KEEL_INTERNAL;
+/* Class cls has free blocks in its slabs or transfer cache (unlocked: a hint). */
+bool _keel_central_has_free(unsigned cls) KEEL_INTERNAL;
+/* Whether a take of `want` blocks of cls may come from the transfer cache (at least half
+ * a batch of a cached class). */
+static inline bool _keel_central_parks(unsigned cls, uint32_t want) {
+  const keel_class_t* k = &_keel_classes[cls];
+  return k->transfer_max > 0 && want >= (k->batch >= 2 ? k->batch / 2u : k->batch);
+}
+/* A list parked in cls's transfer cache for a take of `want` blocks (a whole batch, or
+ * half of one where want is less), without a lock; NULL (*got 0) if there is none or
+ * want is too small (_keel_central_parks). */
+void* _keel_central_take_parked(unsigned cls, uint32_t want, uint32_t* got) KEEL_INTERNAL;
+/* Class cls has free blocks in its slabs (unlocked: a hint). */
+static inline bool _keel_central_slabs_have_free(unsigned cls) {
+  return __atomic_load_n(&keel_central_of(cls)->partial, __ATOMIC_RELAXED) != NULL;
+}
+/* Takes up to `want` blocks of class cls; returns a NULL-terminated list and sets *got.
+ * NULL (and *got 0) when memory is exhausted. */
+void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) KEEL_INTERNAL;
+/* The same from the slabs alone, under the class's lock (the transfer cache was tried). */
+void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) KEEL_INTERNAL;
+/* Gives back a NULL-terminated list of n blocks of class cls. */
+void _keel_central_give(unsigned cls, void* list, uint32_t n) KEEL_INTERNAL;
+/* A free block of a larger, cold class for a request of class cls that would otherwise
+ * take a new slab (borrow.c, "borrowing"); NULL if none. Never through a bin. */
+#define KEEL_BORROW_FREE_SHARE 8 /* a class lends while 1/this of its slabs' blocks are free */
+void* _keel_central_borrow(unsigned cls) KEEL_INTERNAL;
+/* A larger class that may lend to cls and whose entry in heads (a thread cache's bin
+ * heads) holds a free block; 0 if none. Not counted in _keel_central_borrowed_blocks,
+ * which counts blocks lent from slabs. */
+unsigned _keel_central_lender_in(const uintptr_t* heads, unsigned cls) KEEL_INTERNAL;
+/* A block of class cls carved out of a free block of a class 4-64 times its size
+ * (borrow.c, "carving"); NULL if none. Never through a bin. */
+void* _keel_central_carve(unsigned cls) KEEL_INTERNAL;
+/* free of p, in a unit tagged KEEL_KIND_CARVED: frees it if it is a carved block and
+ * returns 0; else returns its slab's class, for the caller to free it as any other. */
+unsigned _keel_central_carved_free(void* p, const char* call) KEEL_INTERNAL;
+/* Usable size of the block at p, in a unit tagged KEEL_KIND_CARVED. */
+size_t _keel_central_carved_size(const void* p, const char* call) KEEL_INTERNAL;
+uint64_t _keel_central_carved_holes(void) KEEL_INTERNAL; /* holes carved now */
+/* Central lock of cls held: its list of carved holes is consistent (verify.c). */
+bool _keel_central_verify_carved(unsigned cls) KEEL_INTERNAL;
+uint64_t _keel_central_borrowed_blocks(void) KEEL_INTERNAL;
+/* One block of class cls from a slab reserved for heap-profile samples; NULL if OOM. */
+void* _keel_central_take_sampled(unsigned cls) KEEL_INTERNAL;
+/* True if block p (of class cls) is free in its slab: proves a double free. */
+bool _keel_central_is_free(unsigned cls, void* p) KEEL_INTERNAL;
+/* Meshing's hook (mesh.c sets it before it makes any page of a slab a view; NULL until
+ * then): class lock held, the pages of [addr, addr + len) of a slab marked meshed leave
+ * their mesh, views becoming fresh memory; false if one could not. The central lists call
+ * it, never meshing by name; with meshing off no slab is meshed and it is never read. */
+extern bool (*_keel_central_unmesh)(void* addr, size_t len) KEEL_INTERNAL;
+/* Returns free memory of every class now, not on the purger's timer (slab_trim.c, like
+ * _keel_central_decay): transfer caches back to their slabs, empty slabs to the page
+ * heap, and the free pages of up to max_trims partly used slabs purged. Returns the
+ * bytes purged. */
+size_t _keel_central_purge_all(uint32_t max_trims) KEEL_INTERNAL;
+/* All of Keel's free memory back to the OS now (keel_purge, `keel purge PID`, before a
+ * fork), at most max_trims partly used slabs trimmed; bytes released (init.c). */
+size_t _keel_purge_now(uint32_t max_trims) KEEL_INTERNAL;
+/* The same for classes whose transfer cache has not been used for `idle_ticks`; and the
+ * OS pages inside partly used slabs that hold only free blocks, untouched for as long,
+ * go back to the OS - or, in a cold class (one that has taken no blocks for half as
+ * long), while blocks still come back (a bounded number of slabs per tick). */
+void _keel_central_decay(uint64_t idle_ticks) KEEL_INTERNAL;
+uint64_t _keel_central_trimmed_bytes(void) KEEL_INTERNAL;
+void _keel_central_lock_all(void) KEEL_INTERNAL;
+void _keel_central_unlock_all(void) KEEL_INTERNAL;
+void _keel_central_reset_locks(void) KEEL_INTERNAL;
+/* Block start for a pointer into a slab of class cls; sets *exact if p is that start. */
+void* _keel_block_start(unsigned cls, const void* p, bool* exact) KEEL_INTERNAL;
+
+#endif /* KEEL_CENTRAL_H */

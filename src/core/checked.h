@@ -1,0 +1,22 @@
+/* checked.h -- checked mode (checked.c, KEEL_CHECK=1). */
+#ifndef KEEL_CHECKED_H
+#define KEEL_CHECKED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/base.h"
+
+/* ---- checked mode (checked.c) -------------------------------------------------------
+ * KEEL_CHECK=1: every block gets a canary tail and its requested size, freed blocks are
+ * poisoned and quarantined, and every misuse is reported where it is seen. Thread
+ * caches have no room, so every call reaches these functions through the slow paths. */
+void* _keel_checked_alloc(size_t n, size_t align, bool zero) KEEL_INTERNAL;
+void _keel_checked_free(void* p, const char* call) KEEL_INTERNAL;
+size_t _keel_checked_usable(const void* p, const char* call) KEEL_INTERNAL;
+void* _keel_checked_realloc(void* p, size_t n) KEEL_INTERNAL;
+void _keel_checked_lock_all(void) KEEL_INTERNAL;   /* fork: the quarantine lock */
+void _keel_checked_unlock_all(void) KEEL_INTERNAL;
+void _keel_checked_reset_locks(void) KEEL_INTERNAL;
+
+#endif /* KEEL_CHECKED_H */

@@ -1,0 +1,119 @@
+/* tcache.h -- the thread caches (tcache.c): bins, their room and sampling countdown, and
+ * the calling thread's cache. */
+#ifndef KEEL_TCACHE_H
+#define KEEL_TCACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/base.h"
+#include "core/geometry.h"
+#include "keel.h"
+
+/* ---- thread caches (tcache.c) --------------------------------------------------------
+ * A bin is a singly linked list of free blocks threaded through their first word.
+ * `avail` is how many more blocks the bin may take before it must give some back:
+ * count = max - avail. Fast paths touch only `head`, `avail` and, on malloc, the
+ * sampling countdown (which, with profiling off, only reaches zero every 2^32 pops).
+ * Heads and the rest are two arrays of 8-byte elements indexed by class, so that one
+ * address computation serves both and free() goes from the page-map byte to its bin with
+ * no arithmetic.
+ * `avail` is signed so that free() can take room and test in one step (decrement, branch
+ * if negative); the slow path puts it back to 0. The shared empty cache of young threads
+ * is written that way too, by any young thread, always to a small negative number or back
+ * to 0, so it never has room: a harmless race on a line only slow paths follow. */
+typedef union keel_bin_u {
+  struct {
+    int16_t avail;
+    int16_t countdown;     /* pops left, less one, in this stage of the heap profiler's
+                              countdown: 0..0x7FFF, the stage ends when it goes negative */
+    uint16_t max;
+    uint16_t countdown_hi; /* further stages of 2^15 pops (profile.c) */
+  };
+  /* avail in the low half, countdown in the high half: malloc updates both with one
+   * subtraction of 0xFFFF (avail + 1, countdown - 1) and branches on the sign. */
+  int32_t avail_countdown;
+} keel_bin_t;
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "keel_bin_t packs avail below countdown");
+
+typedef struct keel_tcache_s {
+  /* Serving class of sizes 16i+1..16i+16 (a copy of _keel_class_serving[i + 1]): the
+   * fast path's one load more for the coarse classes. 0 (head[0] is always NULL, so a
+   * miss) until the cache is set up. */
+  uint8_t class_of[KEEL_SMALL_MAX / 16];
+  uintptr_t head[KEEL_NUM_CLASSES]; /* first free block, stored encoded (freelist.h); [0] never used */
+  keel_bin_t bin[KEEL_NUM_CLASSES];
+  struct keel_tcache_s* next;        /* registry of live caches */
+  struct keel_tcache_s* prev;
+  size_t max_bytes;                  /* sum over bins of max * block size */
+  uint64_t refills;                  /* slow-path statistics, owner-written */
+  uint64_t flushes;
+} keel_tcache_t;
+
+/* free()'s room check: takes one unit of room from the bin, true if there was one. On
+ * false the bin is left at -1 (see keel_bin_t), and the slow path that follows must call
+ * keel_bin_give_back_room. TSan builds test before writing, so that the empty cache's
+ * harmless race does not drown real reports. */
+static inline bool keel_bin_take_room(keel_bin_t* b) {
+#if KEEL_TSAN
+  if (b->avail <= 0) return false;
+  b->avail--;
+  return true;
+#else
+  return --b->avail >= 0;
+#endif
+}
+static inline void keel_bin_give_back_room(keel_bin_t* b) {
+  if (b->avail < 0) b->avail = 0;
+}
+/* malloc()'s bookkeeping for a pop: one more unit of room, one pop nearer the next heap
+ * profile sample. False when the countdown's stage ran out: the caller then calls
+ * _keel_profile_countdown_expired. */
+static inline bool keel_bin_count_pop(keel_bin_t* b) {
+  b->avail_countdown -= 0xFFFF;
+  return b->avail_countdown >= 0;
+}
+/* The same for a pop whose room was already counted (refills). */
+static inline bool keel_bin_count_sample_only(keel_bin_t* b) {
+  return --b->countdown >= 0;
+}
+/* The pops-th pop from now (1 <= pops; at most 2^31, more is clamped) is the one that
+ * finds the countdown spent in _keel_profile_countdown_expired. */
+static inline void keel_bin_set_countdown(keel_bin_t* b, uint32_t pops) {
+  uint32_t left = (pops > 0x80000000u ? 0x80000000u : pops) - 1;
+  b->countdown = (int16_t)(left & 0x7FFF);
+  b->countdown_hi = (uint16_t)(left >> 15);
+}
+
+/* The calling thread's cache. Threads start on the empty cache, whose bins are all empty
+ * with no room, so every malloc and free takes the slow path, which serves a young thread
+ * from the central lists and gives a thread that keeps going its own cache (tcache.c). */
+extern _Thread_local keel_tcache_t* _keel_tc KEEL_INTERNAL;
+extern keel_tcache_t _keel_tc_empty KEEL_INTERNAL;
+
+/* Every free block carries this process-random value in its second word, and every
+ * path that hands a block out clears it. So a block that still has it is free: freeing
+ * it again is a double free, whichever thread freed it first. The low bit is set so the
+ * key can never equal a pointer the program stored there. */
+extern uintptr_t _keel_free_key KEEL_INTERNAL;
+
+void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) KEEL_INTERNAL;
+void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) KEEL_INTERNAL;
+void _keel_tcache_flush(keel_tcache_t* t) KEEL_INTERNAL;
+void _keel_tcache_thread_flush(void) KEEL_INTERNAL;
+/* True if p is in t's bin of class cls (tests and diagnostics). */
+bool _keel_tcache_contains(keel_tcache_t* t, unsigned cls, void* p) KEEL_INTERNAL;
+void _keel_tcache_lock_all(void) KEEL_INTERNAL;
+void _keel_tcache_unlock_all(void) KEEL_INTERNAL;
+void _keel_tcache_after_fork_child(void) KEEL_INTERNAL;
+void _keel_tcache_stats(keel_stats_t* out, uint64_t* cached_bytes) KEEL_INTERNAL;
+void _keel_tcache_class_counts(uint64_t* counts /* [KEEL_NUM_CLASSES] */) KEEL_INTERNAL;
+/* Copies _keel_class_serving into every thread cache (the switch to fine classes). */
+void _keel_tcache_classes_changed(void) KEEL_INTERNAL;
+/* The heap profiler's hook (profile.c sets it when profiling starts; NULL without):
+ * starts the sampling countdowns of a new cache's bins. NULL: no bin ever samples. The
+ * thread caches call it, never the profiler by name. */
+extern void (*_keel_tcache_sampling)(keel_tcache_t* t) KEEL_INTERNAL;
+
+#endif /* KEEL_TCACHE_H */

@@ -1,0 +1,32 @@
+/* transfer.h -- the transfer caches (transfer.c): whole batches parked without a lock. */
+#ifndef KEEL_TRANSFER_H
+#define KEEL_TRANSFER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/base.h"
+
+/* ---- transfer caches (transfer.c) -----------------------------------------------------
+ * Whole batches of free blocks parked between the thread caches and the slabs, without a
+ * lock: per class, slots on up to KEEL_TRANSFER_LINES cache lines, a thread starting on
+ * the line of its processor. A put takes an empty slot with one compare-and-swap, a get
+ * empties one with one exchange. */
+#define KEEL_TRANSFER_LINES 16
+#define KEEL_TRANSFER_SLOTS 8 /* the largest transfer_max (size_class.c) */
+/* A second thread cache exists: count the processors, use every line from now on. */
+void _keel_transfer_spread(void) KEEL_INTERNAL;
+unsigned _keel_transfer_lines(void) KEEL_INTERNAL; /* lines in use now */
+/* Parks a list of a whole batch of class cls (half: half a batch); false if the lines the
+ * thread may use are full. The class is active (central.c). */
+bool _keel_transfer_put(unsigned cls, void* list, bool half) KEEL_INTERNAL;
+/* A parked list of cls and its length (a batch or half of one), or NULL. */
+void* _keel_transfer_get(unsigned cls, uint32_t* n) KEEL_INTERNAL;
+bool _keel_transfer_any(unsigned cls) KEEL_INTERNAL; /* a hint: something is parked */
+/* A parked list from a line no put or get has used for idle_ticks (0: any), or NULL. */
+void* _keel_transfer_take_idle(unsigned cls, uint32_t now, uint32_t idle_ticks, uint32_t* n) KEEL_INTERNAL;
+uint32_t _keel_transfer_blocks(unsigned cls) KEEL_INTERNAL; /* parked blocks (racy: statistics) */
+/* Calls fn on every parked list (tests, the invariant walk: nothing may run beside it). */
+void _keel_transfer_each(unsigned cls, void (*fn)(void* list, uint32_t n, void* ctx), void* ctx) KEEL_INTERNAL;
+
+#endif /* KEEL_TRANSFER_H */
