@@ -493,6 +493,8 @@ static void trial_main(const char* spec) {
   _exit(0);
 }
 extern char** environ;
+static char exe_path[4096]; /* this program (readlink of /proc/self/exe, at start-up) */
+static unsigned long long trials_unrun;
 /* Runs the trial in a spawned process with stderr into `report` (NUL-terminated).
  * Returns its wait status, -1 if it could not be run. */
 static int spawn_trial(const struct trial_s* t, char* report, size_t cap) {
@@ -517,7 +519,7 @@ static int spawn_trial(const struct trial_s* t, char* report, size_t cap) {
   posix_spawn_file_actions_adddup2(&fa, fds[1], 2); /* dup2 clears close-on-exec */
   char* argv[] = {(char*)"fuzz_keel-trial", NULL};
   pid_t pid;
-  int rc = posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, envp);
+  int rc = exe_path[0] ? posix_spawn(&pid, exe_path, &fa, NULL, argv, envp) : ENOENT;
   posix_spawn_file_actions_destroy(&fa);
   close(fds[1]);
   size_t len = 0;
@@ -541,6 +543,7 @@ static void corruption_trial(in_t* in) {
   t.value = (uint64_t)u32(in) << 16 ^ u32(in);
   char report[512];
   int status = spawn_trial(&t, report, sizeof report);
+  if (status == -1) trials_unrun++;
   if (status == -1 || (WIFEXITED(status) && WEXITSTATUS(status) == 77)) return;
   corruptions++;
   if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT && strstr(report, "free list of the") != NULL))
@@ -590,6 +593,7 @@ static void report_ops(void) {
   double secs = now_s() - start_s;
   fprintf(stderr, "fuzz_keel: %llu allocator operations in %llu inputs, %.0f s (%.0f per second); %llu corrupted links stopped\n",
           stat_ops, stat_inputs, secs, secs > 0 ? (double)stat_ops / secs : 0.0, corruptions);
+  if (trials_unrun) fprintf(stderr, "fuzz_keel: %llu corruption trials could not be started\n", trials_unrun);
 }
 
 int LLVMFuzzerInitialize(int* argc, char*** argv) {
@@ -597,6 +601,10 @@ int LLVMFuzzerInitialize(int* argc, char*** argv) {
   (void)argv;
   const char* trial = getenv(TRIAL_ENV);
   if (trial) trial_main(trial);
+  /* The path, not /proc/self/exe itself: under valgrind that is valgrind (it answers
+   * readlink with the program's path). */
+  ssize_t len = readlink("/proc/self/exe", exe_path, sizeof exe_path - 1);
+  exe_path[len > 0 ? len : 0] = 0;
   start_s = now_s();
   atexit(report_ops);
   page_size = (size_t)sysconf(_SC_PAGESIZE);
