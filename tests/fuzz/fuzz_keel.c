@@ -379,6 +379,13 @@ static blk_t hq[MAXLIVE]; /* blocks handed to the helper (H_FREE) or made by it 
 static size_t hq_n, halloc_sizes[8], halloc_n;
 static pthread_t helper;
 static int helper_up;
+/* A helper lives for at least helper_life operations (counted across inputs) before an
+ * exit step ends it: starting and ending a thread (ASan's stack shadow and thread state,
+ * glibc's stack, the hand-offs, 17 page faults) took a sixth of the fuzzer's time at one
+ * exit an input (about 80 operations); Keel's part (a thread cache built up, flushed at
+ * exit) is the same in a thread that lived longer. FUZZ_KEEL_HELPER_LIFE=0: every exit
+ * step ends it (to replay a crash input alone). */
+static unsigned long long helper_born, helper_life = 512, helpers_ended;
 
 static void* helper_main(void* arg) {
   (void)arg;
@@ -419,6 +426,7 @@ static void helper_run(hcmd_t c) {
   if (!helper_up) {
     if (pthread_create(&helper, NULL, helper_main, NULL) != 0) FAIL("pthread_create");
     helper_up = 1;
+    helper_born = stat_ops;
   }
   pthread_mutex_lock(&hmu);
   hcmd = c;
@@ -429,6 +437,7 @@ static void helper_run(hcmd_t c) {
   if (c == H_EXIT) {
     pthread_join(helper, NULL);
     helper_up = 0;
+    helpers_ended++;
   }
 }
 
@@ -651,6 +660,7 @@ static void report_ops(void) {
   double secs = now_s() - start_s;
   fprintf(stderr, "fuzz_keel: %llu allocator operations in %llu inputs, %.0f s (%.0f per second); %llu corrupted links stopped\n",
           stat_ops, stat_inputs, secs, secs > 0 ? (double)stat_ops / secs : 0.0, corruptions);
+  fprintf(stderr, "fuzz_keel: %llu helper threads ended\n", helpers_ended);
   if (trials_unrun) fprintf(stderr, "fuzz_keel: %llu corruption trials could not be started\n", trials_unrun);
 }
 
@@ -669,6 +679,7 @@ int LLVMFuzzerInitialize(int* argc, char*** argv) {
   if (!getenv("FUZZ_KEEL_NO_FRESH")) pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
   trace = getenv("FUZZ_KEEL_TRACE") != NULL;
   if (getenv("FUZZ_KEEL_ALIGN_MAX")) align_max = strtoull(getenv("FUZZ_KEEL_ALIGN_MAX"), NULL, 0);
+  if (getenv("FUZZ_KEEL_HELPER_LIFE")) helper_life = strtoull(getenv("FUZZ_KEEL_HELPER_LIFE"), NULL, 0);
   return 0;
 }
 
@@ -887,7 +898,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 16: /* helper thread exits (its cache is flushed) and is started again later */
-        if (helper_up && inject == 0) {
+        if (helper_up && inject == 0 && stat_ops - helper_born >= helper_life) {
           if (hq_n) helper_run(H_FREE);
           helper_run(H_EXIT);
         }
