@@ -261,7 +261,8 @@ NOCOV static void fill_blk(blk_t* b) {
   fill_range(p, 0, 4096, b->seed);
   unsigned k = 0;
   for (size_t off = STRIPE(n); off + 4096 < n; off += STRIPE(n), k++) {
-    if (k < FRESH_BITS && pm_fresh(p, off, off + 64)) b->fresh[k / 64] |= 1ull << (k % 64);
+    /* (A stripe that runs into the last 4 KiB gets the pattern the tail writes there.) */
+    if (k < FRESH_BITS && off + 64 <= n - 4096 && pm_fresh(p, off, off + 64)) b->fresh[k / 64] |= 1ull << (k % 64);
     else fill_range(p, off, off + 64, b->seed);
   }
   fill_range(p, n - 4096, n, b->seed);
@@ -515,7 +516,7 @@ static void release(int slot, int how) {
  * freed into its bin is overwritten, then its class is allocated until the link is
  * followed; the process must die of SIGABRT with the free list named.
  *
- * The process is this program started again (posix_spawn of /proc/self/exe with
+ * The process is this program started again (posix_spawn of its own path with
  * FUZZ_KEEL_TRIAL set: LLVMFuzzerInitialize runs the trial and never returns), not a
  * fork: a fork copied the fuzzer's page tables (hundreds of MB: ASan, the corpus, the
  * live blocks), and each page the fuzzer wrote afterwards faulted once more (12,000
