@@ -59,8 +59,9 @@ static inline int choose_tier(size_t n, size_t align, unsigned* cls) {
   return n <= KEEL_LARGE_MAX && align <= KEEL_CHUNK_SIZE / 2 ? TIER_LARGE : TIER_HUGE;
 }
 
-/* A large block of an aligned request spans more than the small classes' range. */
-static inline size_t large_bytes(size_t n, size_t align) { return align <= 16 || n > KEEL_CLASS_MAX ? n : KEEL_CLASS_MAX + 1; }
+/* A large block spans more than the small classes' range (an aligned request of a small
+ * size that no small class could align lands here too). */
+static inline size_t large_bytes(size_t n) { return n > KEEL_CLASS_MAX ? n : KEEL_CLASS_MAX + 1; }
 
 void* _keel_alloc_any(size_t n, size_t align, bool zero, bool via_cache) {
   keel_ensure_init();
@@ -73,7 +74,7 @@ void* _keel_alloc_any(size_t n, size_t align, bool zero, bool via_cache) {
     return p;
   }
   if (tier == TIER_NONE) return enomem();
-  void* p = tier == TIER_LARGE ? _keel_large_alloc(large_bytes(n, align), align <= 16 ? 0 : align, zero)
+  void* p = tier == TIER_LARGE ? _keel_large_alloc(large_bytes(n), align <= 16 ? 0 : align, zero)
                                : _keel_huge_alloc(n, align <= 16 ? 0 : align, zero);
   if (KEEL_UNLIKELY(_keel_profiling) && p) _keel_profile_sample_big(p, n);
   return p;
@@ -122,7 +123,7 @@ size_t _keel_usable_for(size_t n, size_t align, int* tier) {
   *tier = choose_tier(n, align, &cls);
   switch (*tier) {
     case TIER_SMALL: return _keel_classes[cls].size;
-    case TIER_LARGE: return keel_round_up(large_bytes(n, align), KEEL_UNIT_SIZE);
+    case TIER_LARGE: return keel_round_up(large_bytes(n), KEEL_UNIT_SIZE);
     case TIER_HUGE: return _keel_huge_bytes(n);
     default: return 0;
   }
