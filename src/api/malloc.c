@@ -36,16 +36,15 @@ static KEEL_NOINLINE void* alloc_slow(size_t n, bool zero) {
  * head is decoded (freelist.h) and its low bits tested: an empty bin and a corrupt link
  * both go to the slow path, which tells them apart. */
 API void* KEEL_FN(malloc)(size_t n) {
-  size_t m = n - 1;
-  if (KEEL_LIKELY(m < KEEL_SMALL_MAX)) {
+  if (KEEL_LIKELY(n <= KEEL_SMALL_MAX)) {
     keel_tcache_t* t = _keel_tc;
-    size_t cls = __atomic_load_n(&t->class_of[m >> 4], __ATOMIC_RELAXED);
+    size_t cls = __atomic_load_n(&_keel_class_of_size.cls[n], __ATOMIC_RELAXED);
     uintptr_t first = t->head[cls] ^ keel_link_key();
     if (KEEL_LIKELY(keel_bin_head_ok(first))) {
       void** p = (void**)first;
-      t->head[cls] = (uintptr_t)p[0]; /* the next link, still encoded */
+      t->head[cls] = keel_link_mix(p, (uintptr_t)p[0]); /* the next link's form */
       p[1] = NULL; /* clear the double-free key */
-      if (KEEL_UNLIKELY(!keel_bin_count_pop(&t->bin[cls]))) return _keel_profile_countdown_expired_sized(p, n);
+      if (KEEL_UNLIKELY(!keel_bin_count_pop(&t->bin[cls]))) return _keel_profile_countdown_expired_at(n, p, &t->head[cls]);
       return p;
     }
   }
@@ -176,7 +175,7 @@ API void KEEL_FN(free)(void* p) {
   if (KEEL_LIKELY((int8_t)cls > 0 && (a & 15) == 0 && ((uintptr_t*)p)[1] != key)) {
     if (KEEL_LIKELY(keel_bin_take_room(&t->bin[cls]))) {
       ((uintptr_t*)p)[1] = key;
-      ((uintptr_t*)p)[0] = t->head[cls]; /* stored encoded, as the head is */
+      ((uintptr_t*)p)[0] = keel_link_mix(p, t->head[cls]); /* freelist.h */
       t->head[cls] = a ^ keel_link_key();
       return;
     }

@@ -229,22 +229,6 @@ static uint64_t* slab_bits(keel_slab_t* s, const keel_class_t* k, unsigned w) {
   return &KEEL_SLAB_BITS(s, w);
 }
 
-/* A list being built: *tail is the stored link (freelist.h) the next block goes into,
- * first the builder's own head word, then each block's first word in turn. */
-typedef struct list_builder_s {
-  uintptr_t head; /* the first block, stored encoded like every link */
-  uintptr_t* tail;
-} list_builder_t;
-static inline void list_start(list_builder_t* lb) {
-  lb->head = 0;
-  lb->tail = &lb->head;
-}
-/* Ends the list and returns its first block (NULL if none). */
-static inline void* list_finish(list_builder_t* lb, unsigned cls) {
-  *lb->tail = 0;
-  return keel_link_decode(lb->head, "malloc", cls, &lb->head);
-}
-
 /* Blocks taken from slabs under the class lock, as runs of one bitmap word each. They
  * are linked into a list after the lock is released: they are the taker's by then, and
  * writing a link into each block is most of a take's memory traffic. */
@@ -272,16 +256,18 @@ static inline void taken_add(taken_t* t, char* base, unsigned w, uint64_t bits) 
 }
 
 /* No lock: the taken blocks as a list, in slab order. */
-static void* taken_link(const taken_t* t, unsigned cls) {
-  list_builder_t lb;
-  list_start(&lb);
+static void* taken_link(const taken_t* t) {
+  void* first = NULL;
+  void* last = NULL;
   for (unsigned r = 0; r < t->runs; r++)
     for (uint64_t m = t->run[r].bits; m != 0; m &= m - 1) {
       void* obj = (void*)(t->run[r].first + (uintptr_t)__builtin_ctzll(m) * t->size);
-      *lb.tail = keel_link_encode(obj);
-      lb.tail = (uintptr_t*)obj;
+      if (last != NULL) keel_link_set(last, obj);
+      else first = obj;
+      last = obj;
     }
-  return list_finish(&lb, cls);
+  if (last != NULL) keel_link_set(last, NULL);
+  return first;
 }
 
 /* Takes want (< a group) blocks from one wholly free group, if the slab has one. */
@@ -403,7 +389,7 @@ void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
   cl->out += n;
   bool exhausted = cl->partial == NULL;
   keel_unlock(&cl->lock);
-  void* head = taken_link(&taken, cls);
+  void* head = taken_link(&taken);
   *got = n;
   if (KEEL_UNLIKELY(grew))
     _keel_classes_slabs_grew(__atomic_load_n(&slab_units, __ATOMIC_RELAXED) << KEEL_UNIT_SHIFT);
@@ -429,7 +415,7 @@ KEEL_COLD void* _keel_central_take_sampled(unsigned cls) {
     cl->out++;
   }
   keel_unlock(&cl->lock);
-  return taken_link(&taken, cls);
+  return taken_link(&taken);
 }
 
 /* Index of block p in its slab, or -1 if p is not the start of a block. */

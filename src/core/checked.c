@@ -331,7 +331,7 @@ static size_t entry_span(void* e) { return is_guarded_entry(e) ? entry_desc(e)->
 
 static void release(void* p) {
   uint8_t kind = keel_pagemap_get(p);
-  ((void**)p)[0] = NULL;
+  keel_link_set(p, NULL);
   _keel_central_give(kind, p, 1); /* to its slab: the bitmap catches anything left */
 }
 

@@ -131,6 +131,11 @@ static void record(void* p, size_t n) {
 }
 
 /* Hot: every 2^15 pops of a bin end a countdown stage here, profiling or not. */
+KEEL_HOT void* _keel_profile_countdown_expired_at(size_t n, void* p, const uintptr_t* head) {
+  keel_tcache_t* t = _keel_tc;
+  return _keel_profile_countdown_expired(t, (unsigned)(head - t->head), p, n);
+}
+
 KEEL_HOT void* _keel_profile_countdown_expired(keel_tcache_t* t, unsigned cls, void* p, size_t n) {
   keel_bin_t* b = &t->bin[cls];
   if (b->countdown_hi != 0) { /* the next stage */
@@ -153,13 +158,6 @@ KEEL_HOT void* _keel_profile_countdown_expired(keel_tcache_t* t, unsigned cls, v
   return q;
 }
 
-
-KEEL_HOT void* _keel_profile_countdown_expired_sized(void* p, size_t n) {
-  /* The bin malloc's fast path popped: its cache's copy of the class map, which during
-   * the switch to fine classes may briefly differ from _keel_class_serving. */
-  keel_tcache_t* t = _keel_tc;
-  return _keel_profile_countdown_expired(t, __atomic_load_n(&t->class_of[(n - 1) >> 4], __ATOMIC_RELAXED), p, n);
-}
 
 void _keel_profile_sample_big(void* p, size_t n) {
   big_left -= (int64_t)n;

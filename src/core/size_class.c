@@ -8,9 +8,18 @@
 #include "core/internal.h"
 
 uint8_t _keel_class_serving[KEEL_NUM_CLASSES];
+keel_size_table_t _keel_class_of_size;
 uint8_t _keel_class_group_pending[KEEL_NUM_CLASSES];
 static uint8_t coarse_of[KEEL_NUM_CLASSES]; /* the class that serves each one while coarse */
 static bool fine; /* the heap has reached KEEL_FINE_CLASSES */
+
+/* Fine class cls is now served by class serving: both tables say so. */
+static void set_serving(unsigned cls, unsigned serving) {
+  __atomic_store_n(&_keel_class_serving[cls], (uint8_t)serving, __ATOMIC_RELAXED);
+  if (cls > KEEL_SMALL_MAX / 16) return;
+  for (size_t n = (cls - 1) * 16 + 1; n <= cls * 16; n++)
+    __atomic_store_n(&_keel_class_of_size.cls[n], (uint8_t)serving, __ATOMIC_RELAXED);
+}
 
 /* The table is a constant, computed by the compiler: read-only data is file pages shared
  * by every process, where a table filled in at start-up was 4 KiB of RssAnon in each
@@ -75,7 +84,7 @@ void _keel_classes_init(void) {
       if (size <= 128 || size % ((size_t)1 << (log - 2)) == 0) break;
     }
     coarse_of[cls] = (uint8_t)serving;
-    _keel_class_serving[cls] = (uint8_t)(fine_at == 0 ? cls : serving);
+    set_serving(cls, fine_at == 0 ? cls : serving);
     if (serving != cls && fine_at != 0) _keel_class_group_pending[serving] = 1;
   }
   fine = fine_at == 0;
@@ -98,13 +107,13 @@ static bool switch_group(unsigned c) {
   if (!group_big(c)) return false;
   if (!__atomic_exchange_n(&_keel_class_group_pending[c], 0, __ATOMIC_RELAXED)) return false;
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++)
-    if (coarse_of[cls] == c) __atomic_store_n(&_keel_class_serving[cls], (uint8_t)cls, __ATOMIC_RELAXED);
+    if (coarse_of[cls] == c) set_serving(cls, cls);
   return true;
 }
 
 bool _keel_classes_are_fine(void) { return __atomic_load_n(&fine, __ATOMIC_RELAXED); }
 
-/* Called after a new slab, with no lock held: the switch takes the thread registry's.
+/* Called after a new slab, with no lock held.
  * Groups whose coarse class has no free block switch now; the others once their
  * coarse class runs out (_keel_classes_coarse_exhausted), so that the free blocks the
  * coarse phase left are used before the finer classes start slabs of their own. (All
@@ -113,13 +122,11 @@ bool _keel_classes_are_fine(void) { return __atomic_load_n(&fine, __ATOMIC_RELAX
 void _keel_classes_slabs_grew(uint64_t slab_bytes) {
   if (__atomic_load_n(&fine, __ATOMIC_RELAXED) || slab_bytes < keel_opt(fine_classes)) return;
   if (__atomic_exchange_n(&fine, true, __ATOMIC_RELAXED)) return;
-  bool any = false;
   for (unsigned c = 1; c < KEEL_NUM_CLASSES; c++)
     if (__atomic_load_n(&_keel_class_group_pending[c], __ATOMIC_RELAXED) && !_keel_central_has_free(c))
-      any |= switch_group(c);
-  if (any) _keel_tcache_classes_changed();
+      switch_group(c);
 }
 
 void _keel_classes_coarse_exhausted(unsigned c) {
-  if (__atomic_load_n(&fine, __ATOMIC_RELAXED) && switch_group(c)) _keel_tcache_classes_changed();
+  if (__atomic_load_n(&fine, __ATOMIC_RELAXED)) switch_group(c);
 }

@@ -33,9 +33,16 @@ void _keel_classes_init(void) KEEL_INTERNAL;
  * class of a request is computed; _keel_class_serving maps it to the class that serves
  * it (itself once fine). Blocks keep their class for life, so the switch needs no
  * synchronisation: a thread that reads an old entry gets a block of a coarse class,
- * which is as valid as ever. Each thread cache holds a copy of the entries up to
- * KEEL_SMALL_MAX for malloc's fast path (one indexed load). */
+ * which is as valid as ever. _keel_class_of_size repeats the entries up to
+ * KEEL_SMALL_MAX per request size, for malloc's fast path (one indexed load). */
 extern uint8_t _keel_class_serving[KEEL_NUM_CLASSES] KEEL_INTERNAL;
+/* The class serving a request of n bytes, 0 <= n <= KEEL_SMALL_MAX (0: class 0, whose bin
+ * is always empty). Indexed by the size itself, so malloc's fast path needs no arithmetic
+ * before the load; on cache lines of its own, as every malloc reads it. */
+typedef struct {
+  _Alignas(64) uint8_t cls[(KEEL_SMALL_MAX + 1 + 63) / 64 * 64];
+} keel_size_table_t;
+extern keel_size_table_t _keel_class_of_size KEEL_INTERNAL;
 /* A coarse class's group switches to its fine classes only once the coarse class spans
  * this many slabs (size_class.c, group_big). */
 #define KEEL_FINE_GROUP_SLABS 16

@@ -84,20 +84,6 @@ static void bin_grow(keel_tcache_t* t, unsigned cls) {
   t->max_bytes += (size_t)grow * k->size;
 }
 
-/* Called with the registry lock held, so a cache being registered while the classes
- * switch is either copied here or updated by _keel_tcache_classes_changed. */
-static void copy_class_map(keel_tcache_t* t) {
-  for (unsigned i = 0; i < KEEL_SMALL_MAX / 16; i++)
-    __atomic_store_n(&t->class_of[i], __atomic_load_n(&_keel_class_serving[i + 1], __ATOMIC_RELAXED),
-                     __ATOMIC_RELAXED);
-}
-
-void _keel_tcache_classes_changed(void) {
-  keel_lock(&registry_lock);
-  for (keel_tcache_t* t = registry; t != NULL; t = t->next) copy_class_map(t);
-  keel_unlock(&registry_lock);
-}
-
 void (*_keel_tcache_sampling)(keel_tcache_t* t);
 
 static void bins_reset(keel_tcache_t* t) {
@@ -158,7 +144,6 @@ static keel_tcache_t* tcache_create(void) {
   bins_reset(t);
   t->refills = t->flushes = 0;
   keel_lock(&registry_lock);
-  copy_class_map(t);
   t->prev = NULL;
   t->next = registry;
   if (registry) registry->prev = t;

@@ -38,10 +38,6 @@ typedef union keel_bin_u {
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "keel_bin_t packs avail below countdown");
 
 typedef struct keel_tcache_s {
-  /* Serving class of sizes 16i+1..16i+16 (a copy of _keel_class_serving[i + 1]): the
-   * fast path's one load more for the coarse classes. 0 (head[0] is always NULL, so a
-   * miss) until the cache is set up. */
-  uint8_t class_of[KEEL_SMALL_MAX / 16];
   uintptr_t head[KEEL_NUM_CLASSES]; /* first free block, stored encoded (freelist.h); [0] never used */
   keel_bin_t bin[KEEL_NUM_CLASSES];
   struct keel_tcache_s* next;        /* registry of live caches */
@@ -109,8 +105,6 @@ void _keel_tcache_unlock_all(void) KEEL_INTERNAL;
 void _keel_tcache_after_fork_child(void) KEEL_INTERNAL;
 void _keel_tcache_stats(keel_stats_t* out, uint64_t* cached_bytes) KEEL_INTERNAL;
 void _keel_tcache_class_counts(uint64_t* counts /* [KEEL_NUM_CLASSES] */) KEEL_INTERNAL;
-/* Copies _keel_class_serving into every thread cache (the switch to fine classes). */
-void _keel_tcache_classes_changed(void) KEEL_INTERNAL;
 /* The heap profiler's hook (profile.c sets it when profiling starts; NULL without):
  * starts the sampling countdowns of a new cache's bins. NULL: no bin ever samples. The
  * thread caches call it, never the profiler by name. */

@@ -401,7 +401,7 @@ static void test_fine_classes(void) {
   CHECK(t != &_keel_tc_empty); /* test_thread_cache gave this thread a cache */
   void* before = malloc(200);
   CHECK(malloc_usable_size(before) == 224);
-  CHECK(t->class_of[(200 - 1) >> 4] == keel_fine_class(224));
+  CHECK(_keel_class_of_size.cls[200] == keel_fine_class(224));
   _keel_classes_slabs_grew(_keel_options.fine_classes - 1); /* not yet */
   CHECK(!_keel_classes_are_fine());
   _keel_classes_slabs_grew(_keel_options.fine_classes);
@@ -422,8 +422,8 @@ static void test_fine_classes(void) {
   CHECK(_keel_class_group_pending[c1280]); /* the other group is still small */
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++)
     if (!_keel_class_group_pending[_keel_class_serving[cls]]) CHECK(_keel_class_serving[cls] == cls);
-  for (unsigned i = 0; i < KEEL_SMALL_MAX / 16; i++) CHECK(t->class_of[i] == _keel_class_serving[i + 1]);
-  CHECK(t->class_of[(200 - 1) >> 4] == c208);
+  for (unsigned n = 1; n <= KEEL_SMALL_MAX; n++) CHECK(_keel_class_of_size.cls[n] == _keel_class_serving[keel_fine_class(n)]);
+  CHECK(_keel_class_of_size.cls[200] == c208);
   void* after = malloc(200);
   CHECK(malloc_usable_size(after) == 208);
   for (unsigned i = 0; i < ntaken; i++) free(taken[i]);
