@@ -39,10 +39,10 @@ API void* KEEL_FN(malloc)(size_t n) {
   if (KEEL_LIKELY(n <= KEEL_SMALL_MAX)) {
     keel_tcache_t* t = _keel_tc;
     size_t cls = __atomic_load_n(&_keel_class_of_size.cls[n], __ATOMIC_RELAXED);
-    uintptr_t first = t->head[cls] ^ keel_link_key();
+    uintptr_t first = t->head[cls];
     if (KEEL_LIKELY(keel_bin_head_ok(first))) {
       void** p = (void**)first;
-      t->head[cls] = keel_link_mix(p, (uintptr_t)p[0]); /* the next link's form */
+      t->head[cls] = keel_link_raw_next(p);
       p[1] = NULL; /* clear the double-free key */
       if (KEEL_UNLIKELY(!keel_bin_count_pop(&t->bin[cls]))) return _keel_profile_countdown_expired_at(n, p, &t->head[cls]);
       return p;
@@ -175,8 +175,8 @@ API void KEEL_FN(free)(void* p) {
   if (KEEL_LIKELY((int8_t)cls > 0 && (a & 15) == 0 && ((uintptr_t*)p)[1] != key)) {
     if (KEEL_LIKELY(keel_bin_take_room(&t->bin[cls]))) {
       ((uintptr_t*)p)[1] = key;
-      ((uintptr_t*)p)[0] = keel_link_mix(p, t->head[cls]); /* freelist.h */
-      t->head[cls] = a ^ keel_link_key();
+      ((uintptr_t*)p)[0] = keel_link_word_to(p, t->head[cls]); /* freelist.h */
+      t->head[cls] = a;
       return;
     }
   }

@@ -99,7 +99,7 @@ unsigned _keel_central_lender_in(const uintptr_t* heads, unsigned cls) {
   if (!borrowing(&now, &cold)) return 0;
   uint64_t most = (uint64_t)_keel_classes[cls].size * BORROW_SPAN;
   for (unsigned lender = cls + 1; lender < KEEL_NUM_CLASSES && _keel_classes[lender].size <= most; lender++)
-    if (heads[lender] != 0 && can_lend(keel_central_of(lender), &_keel_classes[lender], now, cold))
+    if (keel_bin_head_ok(heads[lender]) && can_lend(keel_central_of(lender), &_keel_classes[lender], now, cold))
       return lender;
   return 0;
 }

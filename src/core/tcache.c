@@ -11,7 +11,8 @@
 #include "core/internal.h"
 
 _Thread_local keel_tcache_t* _keel_tc = &_keel_tc_empty;
-keel_tcache_t _keel_tc_empty; /* all bins empty with no room: every access misses */
+/* All bins empty with no room: every access misses, also before start-up. */
+keel_tcache_t _keel_tc_empty = {.head = {[0 ... KEEL_NUM_CLASSES - 1] = KEEL_LINK_END}};
 
 /* Young threads. A new thread stays on the empty cache for its first YOUNG_OPS small
  * allocations and frees: each goes straight to the central list (one lock round trip,
@@ -88,14 +89,14 @@ void (*_keel_tcache_sampling)(keel_tcache_t* t);
 
 static void bins_reset(keel_tcache_t* t) {
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
-    t->head[cls] = 0;
+    t->head[cls] = KEEL_LINK_END;
     t->bin[cls].max = initial_max(cls);
     t->bin[cls].avail = t->bin[cls].max;
     keel_bin_set_countdown(&t->bin[cls], UINT32_MAX); /* no sample, in effect */
   }
   void (*sampling)(keel_tcache_t*) = __atomic_load_n(&_keel_tcache_sampling, __ATOMIC_RELAXED);
   if (sampling != NULL) sampling(t);
-  t->head[0] = 0;
+  t->head[0] = KEEL_LINK_END;
   t->bin[0].max = t->bin[0].avail = 0;
   t->max_bytes = 0;
 }

@@ -38,7 +38,7 @@ typedef union keel_bin_u {
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "keel_bin_t packs avail below countdown");
 
 typedef struct keel_tcache_s {
-  uintptr_t head[KEEL_NUM_CLASSES]; /* first free block, stored encoded (freelist.h); [0] never used */
+  uintptr_t head[KEEL_NUM_CLASSES]; /* first free block or KEEL_LINK_END (freelist.h); [0] always empty */
   keel_bin_t bin[KEEL_NUM_CLASSES];
   struct keel_tcache_s* next;        /* registry of live caches */
   struct keel_tcache_s* prev;

@@ -808,8 +808,9 @@ static void test_borrow(void) {
    * counted); only a lender that may lend qualifies. */
   {
     static uintptr_t heads[KEEL_NUM_CLASSES];
+    for (unsigned c = 0; c < KEEL_NUM_CLASSES; c++) heads[c] = keel_head_of(NULL);
     CHECK(_keel_central_lender_in(heads, mine) == 0);
-    heads[lender] = keel_link_encode(b[0]);
+    heads[lender] = keel_head_of(b[0]);
     CHECK(_keel_central_lender_in(heads, mine) == lender);
     CHECK(_keel_central_lender_in(heads, keel_size_class(900)) == 0); /* more than twice */
     __atomic_store_n(&lcl->take_tick, now, __ATOMIC_RELAXED); /* taking, few holes */
@@ -821,7 +822,8 @@ static void test_borrow(void) {
   __atomic_store_n(&_keel_options.mesh, KEEL_MESH_ON, __ATOMIC_RELAXED);
   {
     static uintptr_t heads[KEEL_NUM_CLASSES];
-    heads[lender] = keel_link_encode(b[0]);
+    for (unsigned c = 0; c < KEEL_NUM_CLASSES; c++) heads[c] = keel_head_of(NULL);
+    heads[lender] = keel_head_of(b[0]);
     CHECK(_keel_central_lender_in(heads, mine) == 0);
   }
   void* meshing = malloc(1500);
