@@ -15,7 +15,8 @@
  * four bits are the key's - not a block start - unless the writer knew the key's low
  * bits (1 in 11); so does a link with one of its low four bits flipped, and a flipped
  * end decodes to 3 with one bit changed (never 0). A valid link copied into another free
- * block decodes to its target XOR the two blocks' addresses: elsewhere. malloc's fast
+ * block decodes to its target XOR the two blocks' addresses, not to the block it named
+ * (though within a slab possibly to another of its blocks). malloc's fast
  * path tests the head's low bits where it used to test for NULL (an empty bin holds
  * KEEL_LINK_END, so the same test sends it to the slow path), and every slow path that
  * follows a link checks them too and, where it reads the page map anyway, that the block

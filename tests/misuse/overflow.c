@@ -13,7 +13,8 @@
  *                its link was overwritten; the freeing thread then allocates until its
  *                cache (and what it handed on in batches) is used
  *   key          prints the link secret as the program can read it back (a freed
- *                block's link XOR the address it leads to), to compare processes
+ *                block's link XOR the address it leads to XOR its own), to compare
+ *                processes
  *   key-exec     the same, then exec's itself with `key` (the same process, a new image)
  * Exit status: 3 if malloc returned the attacker's address ("RETURNED"), 4 if nothing
  * stopped the program; an allocator that notices stops it first. */
@@ -115,11 +116,12 @@ static int key_case(char** argv, int then_exec) {
   void* b = malloc(size);
   free(a);
   free(b);
-  /* b's first word now links to a: read back, XORed with a, it is the secret (0 where
-   * links are plain pointers). Reading a freed block is the test's, not a program's. */
+  /* b's first word now links to a: read back, XORed with a and with b's own address, it
+   * is the secret (0 where links are plain pointers: then b is printed). Reading a freed
+   * block is the test's, not a program's. */
   uintptr_t link;
   memcpy(&link, b, sizeof link);
-  printf("key %#lx\n", (unsigned long)(link ^ (uintptr_t)a));
+  printf("key %#lx\n", (unsigned long)(link ^ (uintptr_t)a ^ (uintptr_t)b));
   /* The same process after exec: a new secret. */
   if (then_exec) execl("/proc/self/exe", argv[0], "key", argv[2], (char*)NULL);
   return 0;
