@@ -436,6 +436,7 @@ def test_sphinx_smoke(tmp_path, bench_lock):
         assert m[f"thp_{mode}_p50_ms"] <= m[f"thp_{mode}_p99_ms"]
         assert res["series"][f"rss_kib_thp_{mode}"]
     assert m["throughput"] == m["thp_on_qps"] and m["rss_peak_kib"] > 0
+    assert m["thp_off_rss_idle_kib"] > 0 and "thp_off_keel_final_allocated_kib" not in m
     assert_nothing_left(rec.all_pids)
 
 
@@ -464,6 +465,11 @@ def test_sphinx_thp_dense_under_keel(tmp_path, bench_lock):
     m = res["metrics"]
     assert m["thp_dense_errors"] == 0 and m["thp_dense_qps"] > 0
     assert "thp_on_qps" not in m and m["throughput"] == m["thp_dense_qps"]
+    # Keel's own figures beside RSS, as the clients stop and once idle (the breakdown)
+    for when in ("final", "idle"):
+        assert m[f"thp_dense_keel_{when}_allocated_kib"] > 0
+        assert m[f"thp_dense_keel_{when}_committed_kib"] >= m[f"thp_dense_keel_{when}_allocated_kib"]
+    assert m["thp_dense_rss_idle_kib"] > 0
     assert any("'dense' = that setting plus KEEL_THP=dense" in n for n in res["notes"])
     with pytest.raises(SuiteError, match="use on, off, dense"):
         Sphinx().run(make_ctx(allocator("keel"), tmp_path, rec, thp="sometimes"))

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .. import paths, procfs, procs
+from .. import live, paths, procfs, procs
 from ..clients import MySQLMini
 from ..corpus import CORPUS_VERSION, Corpus
 from .. import servers as sv
@@ -43,6 +43,23 @@ def keel_thp_for(allocator, thp: str) -> Optional[str]:
     if thp == "on" and own:
         return None
     return THP_MODES[thp]
+
+
+# What keel stats says of a Keel process, in KiB (issue 33's breakdown), under these names.
+KEEL_FIGURES = ("allocated", "cached", "active", "committed", "metadata")
+
+
+def keel_figures(pid: int, prefix: str) -> dict:
+    """Keel's own accounting of a running process (keel stats), or {} when it does not
+    run Keel (or publishes nothing): allocated, cached (free blocks in thread and
+    transfer caches), active, committed and metadata, in KiB, and its threads."""
+    try:
+        snap = live.read(pid, timeout=3.0)
+    except (live.LiveError, OSError):
+        return {}
+    out = {f"{prefix}_{k}_kib": snap.stats[k] // 1024 for k in KEEL_FIGURES if k in snap.stats}
+    out[f"{prefix}_threads"] = snap.stats.get("threads")
+    return out
 
 
 def machine_thp() -> str:
@@ -68,7 +85,8 @@ class Sphinx(Suite):
     """Corpus -> indexer (under the allocator: index_seconds, indexer_rss_peak_kib) ->
     searchd with THP on, then a fresh searchd with THP off; each serves the query mix
     from N client processes. Options (--set sphinx.KEY=VALUE): docs, clients, seconds,
-    thp=on,off (also dense), cache=0 (regenerate the corpus), cache_dir, extra_env, tiny."""
+    thp=on,off (also dense), idle_seconds=3 (the wait before rss_idle_kib), cache=0
+    (regenerate the corpus), cache_dir, extra_env, tiny."""
 
     name = "sphinx"
     description = ("Sphinx searchd: a fixed SphinxQL query mix from N clients over a "
@@ -141,7 +159,8 @@ index idx
         for i, thp in enumerate(modes):
             frac = 0.2 + 0.8 * i / len(modes)
             ctx.progress(f"searchd, THP {thp}: {clients} clients x {secs:.0f}s", frac)
-            r = self._serve(ctx, index_conf, thp, qfile, clients, secs, work)
+            r = self._serve(ctx, index_conf, thp, qfile, clients, secs, work,
+                            opt_float(ctx, "idle_seconds", 3.0))
             for k, v in r.items():
                 if k != "series":
                     m[f"thp_{thp}_{k}"] = v
@@ -165,6 +184,9 @@ index idx
             f"throughput/latency/rss_final_kib headline values are from THP {head}; "
             f"thp_<mode>_* hold each setting. THP_enabled in /proc/PID/status of searchd: "
             + ", ".join(f"{k}={v}" for k, v in self.thp_state.items()) + ".",
+            f"rss_final_kib is read as the clients stop, rss_idle_kib {opt_float(ctx, 'idle_seconds', 3.0):g} s "
+            "later with searchd idle; under Keel, keel_final_* and keel_idle_* are its own "
+            "figures (keel stats) at those moments.",
             "The query clients run on the same machine (and cores) as searchd; "
             "latency is measured in the clients, per query, connection kept open.",
         ]
@@ -211,7 +233,7 @@ index idx
             raise SuiteError(f"indexer failed (exit status {rc})\n{sv.log_tail(log)}")
         return out
 
-    def _serve(self, ctx, index_conf, thp, qfile, clients, secs, work) -> dict:
+    def _serve(self, ctx, index_conf, thp, qfile, clients, secs, work, idle_s) -> dict:
         extra = opt_env(ctx)
         policy = keel_thp_for(ctx.allocator, thp)
         if policy is not None:
@@ -284,6 +306,13 @@ index idx
                 "vmhwm_kib": procfs.status_kib(srv.run_pid, "VmHWM", absent=0),
                 "series": samp.series,
             })
+            r.update(keel_figures(srv.run_pid, "keel_final"))
+            # Idle memory, as an operator's server sits between bursts: allocators that
+            # return free memory on a timer (Keel: purge_delay) have done so by then.
+            time.sleep(idle_s)
+            srv.check_alive(f"the idle wait (THP {thp})")
+            r["rss_idle_kib"] = srv.rss_kib()
+            r.update(keel_figures(srv.run_pid, "keel_idle"))
             return r
         finally:
             for w in workers:
