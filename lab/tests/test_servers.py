@@ -441,25 +441,27 @@ def test_sphinx_smoke(tmp_path, bench_lock):
 
 
 def test_sphinx_thp_on_keeps_a_variants_own_policy():
-    """THP 'on' runs Keel under KEEL_THP=always unless the variant sets its own (issue 33:
-    keel+KEEL_THP=dense showed exactly the 'always' figures); 'off' is always never."""
+    """THP 'on' runs Keel under KEEL_THP=dense, its THP-aware mode, unless the variant sets
+    its own (issue 33: a variant's setting once showed the suite's figures instead);
+    'off' is always never, 'always' always."""
     from keel_lab.allocators import Allocator
     from keel_lab.suites.sphinx import keel_thp_for
     plain = Allocator("keel", "/x/libkeel.so")
-    dense = Allocator("keel+KEEL_THP=dense", "/x/libkeel.so", (("KEEL_THP", "dense"),))
-    assert keel_thp_for(plain, "on") == "always"
-    assert keel_thp_for(dense, "on") is None          # the variant's dense stands
-    assert dense.env({})["KEEL_THP"] == "dense"
-    assert keel_thp_for(dense, "off") == "never"
-    assert keel_thp_for(dense, "dense") == "dense"
-    assert keel_thp_for(Allocator("glibc", None), "on") == "always"
+    always = Allocator("keel+KEEL_THP=always", "/x/libkeel.so", (("KEEL_THP", "always"),))
+    assert keel_thp_for(plain, "on") == "dense"
+    assert keel_thp_for(always, "on") is None          # the variant's always stands
+    assert always.env({})["KEEL_THP"] == "always"
+    assert keel_thp_for(always, "off") == "never"
+    assert keel_thp_for(always, "dense") == "dense"
+    assert keel_thp_for(plain, "always") == "always"
+    assert keel_thp_for(Allocator("glibc", None), "on") == "dense"
 
 
 def test_sphinx_thp_dense_under_keel(tmp_path, bench_lock):
     """thp=dense: one searchd, under KEEL_THP=dense; a mode the suite does not know is
     refused before anything starts."""
     from keel_lab.suites.sphinx import Sphinx, THP_MODES
-    assert THP_MODES == {"on": "always", "off": "never", "dense": "dense"}
+    assert THP_MODES == {"on": "dense", "off": "never", "dense": "dense", "always": "always"}
     rec = Recorder()
     res = Sphinx().run(make_ctx(allocator("keel"), tmp_path, rec, thp="dense"))
     m = res["metrics"]
@@ -470,7 +472,7 @@ def test_sphinx_thp_dense_under_keel(tmp_path, bench_lock):
         assert m[f"thp_dense_keel_{when}_allocated_kib"] > 0
         assert m[f"thp_dense_keel_{when}_committed_kib"] >= m[f"thp_dense_keel_{when}_allocated_kib"]
     assert m["thp_dense_rss_idle_kib"] > 0
-    assert any("'dense' = that setting plus KEEL_THP=dense" in n for n in res["notes"])
-    with pytest.raises(SuiteError, match="use on, off, dense"):
+    assert any("'on' = that setting plus KEEL_THP=dense" in n for n in res["notes"])
+    with pytest.raises(SuiteError, match="use on, off, dense, always"):
         Sphinx().run(make_ctx(allocator("keel"), tmp_path, rec, thp="sometimes"))
     assert_nothing_left(rec.all_pids)

@@ -4,10 +4,11 @@ huge pages allowed for searchd and once with them disabled for the whole process
 
 THP off = prctl(PR_SET_THP_DISABLE, 1) in the child before exec (inherited by
 everything searchd forks), plus KEEL_THP=never for Keel; THP on = the machine's own
-setting (not changed here) plus KEEL_THP=always, or the variant's own KEEL_THP where it
-sets one (keel+KEEL_THP=dense); THP dense (on request) = the machine's
-setting plus KEEL_THP=dense (Keel collapses its dense huge pages in the background
-instead of taking huge pages at fault time). The machine-wide setting in
+setting (not changed here) plus KEEL_THP=dense, Keel's THP-aware mode (it collapses the
+huge pages its dense memory fills in the background instead of taking huge pages at fault
+time: issue 33), or the variant's own KEEL_THP where it sets one (keel+KEEL_THP=always);
+THP always (on request) = the machine's setting plus KEEL_THP=always (huge pages at fault
+time, kept whole); dense (on request) = the same as on. The machine-wide setting in
 /sys/kernel/mm/transparent_hugepage/enabled is only read, never written.
 
 Client workers are separate processes (`python -m keel_lab.suites.sphinx worker ...`)
@@ -32,12 +33,12 @@ from .base import Suite, SuiteContext, SuiteError, opt_bool, opt_env, opt_float,
 
 THP_SYSFS = "/sys/kernel/mm/transparent_hugepage/enabled"
 # Each THP setting of the suite and the KEEL_THP policy Keel runs under in it.
-THP_MODES = {"on": "always", "off": "never", "dense": "dense"}
+THP_MODES = {"on": "dense", "off": "never", "dense": "dense", "always": "always"}
 
 
 def keel_thp_for(allocator, thp: str) -> Optional[str]:
     """The KEEL_THP searchd runs under in THP setting `thp`: the suite's policy for it,
-    except that THP 'on' keeps a Keel variant's own KEEL_THP (keel+KEEL_THP=dense is
+    except that THP 'on' keeps a Keel variant's own KEEL_THP (keel+KEEL_THP=always is
     compared with keel in one run); None: leave the variable as the variant has it."""
     own = dict(getattr(allocator, "extra_env", ()) or ()).get("KEEL_THP")
     if thp == "on" and own:
@@ -112,8 +113,8 @@ class Sphinx(Suite):
         secs = opt_float(ctx, "seconds", secs)
         modes = opt_list(ctx, "thp", ("on", "off"), conv=str)
         if not modes or any(x not in THP_MODES for x in modes):
-            raise SuiteError(f"option thp={','.join(modes)}: use on, off, dense or a list "
-                             "of them (on,off)")
+            raise SuiteError(f"option thp={','.join(modes)}: use on, off, dense, always or a "
+                             "list of them (on,off)")
         result: dict = {"metrics": {}, "series": {}, "notes": []}
         m = result["metrics"]
         work = Path(ctx.workdir) / "sphinx"
@@ -177,8 +178,8 @@ index idx
             f"ORDER BY attr, bm25), {clients} client processes for {secs:.0f}s per THP setting, "
             f"after one warm-up pass; a fresh searchd per setting.",
             f"THP: machine setting is '{machine_thp()}' (not changed). 'on' = that setting plus "
-            f"KEEL_THP=always (a variant's own KEEL_THP where it sets one); 'dense' = that setting "
-            f"plus KEEL_THP=dense; "
+            f"KEEL_THP=dense (a variant's own KEEL_THP where it sets one); 'dense' = the same; "
+            f"'always' = that setting plus KEEL_THP=always; "
             f"'off' = prctl(PR_SET_THP_DISABLE) on searchd plus KEEL_THP=never. "
             f"With 'madvise', only memory the allocator madvises gets huge pages when on. "
             f"throughput/latency/rss_final_kib headline values are from THP {head}; "
