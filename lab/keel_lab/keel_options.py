@@ -30,6 +30,11 @@ OPTIONS: tuple[KeelOption, ...] = (
                "Most bytes one thread's cache may hold. Bigger: fewer trips to the shared "
                "lists for threads that allocate a lot; more memory parked per thread (watch "
                "RSS per thread on servers with thousands of threads)."),
+    KeelOption("KEEL_TCACHE_TOTAL", "size (K/M/G)", "32M",
+               "What all thread caches may hold together: each cache's budget is at most "
+               "this over the number of live threads (never below 16 KiB), so a server "
+               "with a thread per connection keeps its free blocks bounded. Bigger: more "
+               "cache per thread when there are more than ~32 threads."),
     KeelOption("KEEL_HUGE_PAGE_SIZE", "size (K/M/G)", "0 (ask the OS)",
                "Override the transparent huge page size Keel assumes; 0 uses what the "
                "kernel reports (/sys/kernel/mm/transparent_hugepage/hpage_pmd_size)."),

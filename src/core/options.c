@@ -19,6 +19,7 @@
 keel_options_t _keel_options = {
     .purge_delay_ms = 1000,
     .tcache_bytes = 1u << 20,
+    .tcache_total = 32u << 20,
     .huge_page_size = 0,
     .stats_at_exit = false,
     .background_purge = true,
@@ -62,6 +63,7 @@ static const char* const MESH_NAMES[] = {"off", "on", "user", NULL};
 static const opt_t OPTS[] = {
     {"purge_delay", K_MS, AT_ANY_TIME, &_keel_options.purge_delay_ms, NULL},
     {"tcache_max", K_SIZE, AT_ANY_TIME, &_keel_options.tcache_bytes, NULL},
+    {"tcache_total", K_SIZE, AT_ANY_TIME, &_keel_options.tcache_total, NULL},
     {"huge_page_size", K_SIZE, AT_START, &_keel_options.huge_page_size, NULL},
     {"thp", K_ENUM, AT_ANY_TIME, &_keel_options.thp, THP_NAMES},
     {"mesh", K_ENUM, AT_ANY_TIME, &_keel_options.mesh, MESH_NAMES},

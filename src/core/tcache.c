@@ -39,7 +39,7 @@ static keel_tcache_t* registry;    /* live caches */
  * of one (4 KiB of RssAnon in every process, every PostgreSQL backend included). */
 static keel_tcache_t first_cache KEEL_ALWAYS_BSS;
 static keel_tcache_t* spare = &first_cache; /* caches of exited threads, for reuse */
-static uint64_t live_caches;
+static uint64_t live_caches; /* written under the registry lock, read without it */
 static uint64_t live_threads, total_threads; /* threads seen, young or with a cache */
 
 /* Slow start: a bin starts with room for one block and doubles each time it runs dry or
@@ -69,6 +69,18 @@ static uint32_t bin_batch(const keel_class_t* k, unsigned cls) {
   return k->batch / 2u;
 }
 
+/* A cache's byte budget: KEEL_TCACHE_MAX, but no more than its share of
+ * KEEL_TCACHE_TOTAL among the live caches, and never below CACHE_FLOOR. With a thread
+ * per connection, a thousand caches of KEEL_TCACHE_MAX each would hold a gigabyte of
+ * free blocks, most of it in threads that wait for their next query. */
+#define CACHE_FLOOR (16u << 10)
+static size_t cache_budget(void) {
+  uint64_t own = keel_opt(tcache_bytes), live = __atomic_load_n(&live_caches, __ATOMIC_RELAXED);
+  uint64_t share = live > 1 ? keel_opt(tcache_total) / live : own;
+  if (share < CACHE_FLOOR) share = CACHE_FLOOR;
+  return share < own ? share : own;
+}
+
 /* More room for bin b, if its limit and the thread's byte budget allow. */
 static void bin_grow(keel_tcache_t* t, unsigned cls) {
   const keel_class_t* k = &_keel_classes[cls];
@@ -78,8 +90,7 @@ static void bin_grow(keel_tcache_t* t, unsigned cls) {
   uint32_t grow = k->batch; /* past a batch */
   if (max < k->batch) grow = max == 0 ? 1 : max < k->batch - max ? max : k->batch - max; /* doubling */
   if (max + grow > k->bin_limit) grow = k->bin_limit - max;
-  if (max >= k->batch && t->max_bytes + (size_t)grow * k->size > keel_opt(tcache_bytes))
-    return;
+  if (t->max_bytes + (size_t)grow * k->size > cache_budget()) return;
   t->bin[cls].max += grow;
   t->bin[cls].avail += grow;
   t->max_bytes += (size_t)grow * k->size;
@@ -149,7 +160,8 @@ static keel_tcache_t* tcache_create(void) {
   t->next = registry;
   if (registry) registry->prev = t;
   registry = t;
-  if (++live_caches == 2) _keel_transfer_spread();
+  __atomic_store_n(&live_caches, live_caches + 1, __ATOMIC_RELAXED);
+  if (live_caches == 2) _keel_transfer_spread();
   if (was == THREAD_NEW) {
     live_threads++;
     total_threads++;
@@ -215,7 +227,7 @@ static void on_thread_exit(void* value) {
   if (t->prev) t->prev->next = t->next;
   else registry = t->next;
   if (t->next) t->next->prev = t->prev;
-  live_caches--;
+  __atomic_store_n(&live_caches, live_caches - 1, __ATOMIC_RELAXED);
   live_threads--;
   t->next = spare;
   __atomic_store_n(&spare, t, __ATOMIC_RELAXED);
@@ -330,6 +342,14 @@ void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
       void* list = keel_bin_cut(t, cls, n);
       t->bin[cls].avail += n;
       _keel_central_give(cls, list, n);
+      /* Grown when fewer threads shared the budget: the bin gives up that room too,
+       * keeping room for p. */
+      uint32_t spare_room = (uint32_t)t->bin[cls].max - 1u, drop = n - 1u < spare_room ? n - 1u : spare_room;
+      if (drop > 0 && t->max_bytes > cache_budget()) {
+        t->bin[cls].max -= drop;
+        t->bin[cls].avail -= drop;
+        t->max_bytes -= (size_t)drop * k->size;
+      }
     }
   }
   keel_bin_push(t, cls, p);
@@ -359,7 +379,7 @@ void _keel_tcache_after_fork_child(void) {
     if (t == mine) continue;
     t->next = spare;
     __atomic_store_n(&spare, t, __ATOMIC_RELAXED);
-    live_caches--;
+    __atomic_store_n(&live_caches, live_caches - 1, __ATOMIC_RELAXED);
   }
   if (mine != &_keel_tc_empty) {
     mine->next = mine->prev = NULL;
