@@ -18,8 +18,7 @@ void* _keel_large_alloc(size_t size, size_t align, bool zero) {
   }
   keel_chunk_t* c = keel_chunk_of(head);
   void* p = keel_unit_addr(c, (unsigned)(head - c->units));
-  head->state = KEEL_UNIT_LARGE;
-  head->size = n << KEEL_UNIT_SHIFT;
+  head->state = KEEL_UNIT_LARGE; /* the page heap set head->size, under its lock */
   if (!_keel_pagemap_set((uintptr_t)p + KEEL_UNIT_SIZE, n - 1, KEEL_KIND_NONE) ||
       !_keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_LARGE)) {
     _keel_pageheap_free(head);
@@ -59,14 +58,14 @@ void* _keel_large_realloc(void* p, size_t size) {
   if (head == NULL) _keel_misuse("realloc", "invalid pointer", p, ": not allocated by keel", 0);
   if (size > KEEL_LARGE_MAX || size <= KEEL_CLASS_MAX) return NULL;
   size_t n = units_for(size), old = head->units;
+  uint64_t old_bytes = head->size;
   if (n == old) return p;
   if (n < old) {
-    _keel_pageheap_shrink(head, n);
+    _keel_pageheap_shrink(head, n); /* both set head->size, under the page heap's lock */
   } else if (!_keel_pageheap_grow_in_place(head, n)) {
     return NULL;
   }
-  __atomic_fetch_sub(&large_live_bytes, head->size, __ATOMIC_RELAXED);
-  head->size = n << KEEL_UNIT_SHIFT;
+  __atomic_fetch_sub(&large_live_bytes, old_bytes, __ATOMIC_RELAXED);
   __atomic_fetch_add(&large_live_bytes, head->size, __ATOMIC_RELAXED);
   return p;
 }

@@ -131,6 +131,7 @@ static bool take_units(keel_chunk_t* c, unsigned k, size_t n) {
     u->state = KEEL_UNIT_LARGE; /* callers set the real state on the head */
   }
   c->units[k].units = (uint8_t)n;
+  c->units[k].size = (uint64_t)n << KEEL_UNIT_SHIFT; /* a large span's, set under the lock */
   return clean;
 }
 
@@ -202,6 +203,7 @@ bool _keel_pageheap_grow_in_place(keel_slab_t* head, size_t n) {
     take_units(c, (unsigned)(k + old), n - old);
     for (size_t i = old; i < n; i++) c->units[k + i].head = (uint8_t)k;
     head->units = (uint8_t)n;
+    head->size = (uint64_t)n << KEEL_UNIT_SHIFT;
     list_insert(c);
     ok = true;
   }
@@ -219,6 +221,7 @@ void _keel_pageheap_shrink(keel_slab_t* head, size_t n) {
   list_remove(c);
   give_units(c, (unsigned)(k + n), old - n, now);
   head->units = (uint8_t)n;
+  head->size = (uint64_t)n << KEEL_UNIT_SHIFT;
   list_insert(c);
   keel_unlock(&heap_lock);
 }
