@@ -33,8 +33,8 @@ static KEEL_NOINLINE void* alloc_slow(size_t n, bool zero) {
 }
 
 /* Fast path: about a dozen instructions for sizes 1..1024 when the bin has a block. The
- * head is decoded (freelist.h) and its low bits tested: an empty bin and a corrupt link
- * both go to the slow path, which tells them apart. */
+ * head's low bits are tested (freelist.h): an empty bin and a corrupt link both go to
+ * the slow path, which tells them apart. */
 API void* KEEL_FN(malloc)(size_t n) {
   if (KEEL_LIKELY(n <= KEEL_SMALL_MAX)) {
     keel_tcache_t* t = _keel_tc;

@@ -115,6 +115,13 @@ static void chunk_release(keel_chunk_t* c) {
   _keel_prim_unmap(c, KEEL_CHUNK_SIZE);
 }
 
+/* A span's length in units and, for a large block, in bytes: set together under the
+ * lock, so the invariant walk never sees one without the other. */
+static void span_set_length(keel_slab_t* head, size_t n) {
+  head->units = (uint8_t)n;
+  head->size = (uint64_t)n << KEEL_UNIT_SHIFT;
+}
+
 /* Marks units k..k+n-1 of c as one span; returns whether they were all clean. */
 static bool take_units(keel_chunk_t* c, unsigned k, size_t n) {
   uint64_t bits = UNIT_BITS(k, n);
@@ -130,8 +137,7 @@ static bool take_units(keel_chunk_t* c, unsigned k, size_t n) {
     u->head = (uint8_t)k;
     u->state = KEEL_UNIT_LARGE; /* callers set the real state on the head */
   }
-  c->units[k].units = (uint8_t)n;
-  c->units[k].size = (uint64_t)n << KEEL_UNIT_SHIFT; /* a large span's, set under the lock */
+  span_set_length(&c->units[k], n);
   return clean;
 }
 
@@ -202,8 +208,7 @@ bool _keel_pageheap_grow_in_place(keel_slab_t* head, size_t n) {
     list_remove(c);
     take_units(c, (unsigned)(k + old), n - old);
     for (size_t i = old; i < n; i++) c->units[k + i].head = (uint8_t)k;
-    head->units = (uint8_t)n;
-    head->size = (uint64_t)n << KEEL_UNIT_SHIFT;
+    span_set_length(head, n);
     list_insert(c);
     ok = true;
   }
@@ -220,8 +225,7 @@ void _keel_pageheap_shrink(keel_slab_t* head, size_t n) {
   keel_lock(&heap_lock);
   list_remove(c);
   give_units(c, (unsigned)(k + n), old - n, now);
-  head->units = (uint8_t)n;
-  head->size = (uint64_t)n << KEEL_UNIT_SHIFT;
+  span_set_length(head, n);
   list_insert(c);
   keel_unlock(&heap_lock);
 }

@@ -131,11 +131,6 @@ static void record(void* p, size_t n) {
 }
 
 /* Hot: every 2^15 pops of a bin end a countdown stage here, profiling or not. */
-KEEL_HOT void* _keel_profile_countdown_expired_at(size_t n, void* p, const uintptr_t* head) {
-  keel_tcache_t* t = _keel_tc;
-  return _keel_profile_countdown_expired(t, (unsigned)(head - t->head), p, n);
-}
-
 KEEL_HOT void* _keel_profile_countdown_expired(keel_tcache_t* t, unsigned cls, void* p, size_t n) {
   keel_bin_t* b = &t->bin[cls];
   if (b->countdown_hi != 0) { /* the next stage */
@@ -158,6 +153,11 @@ KEEL_HOT void* _keel_profile_countdown_expired(keel_tcache_t* t, unsigned cls, v
   return q;
 }
 
+/* malloc's fast path names the bin by its head's address. */
+KEEL_HOT void* _keel_profile_countdown_expired_at(size_t n, void* p, const uintptr_t* head) {
+  keel_tcache_t* t = _keel_tc;
+  return _keel_profile_countdown_expired(t, (unsigned)(head - t->head), p, n);
+}
 
 void _keel_profile_sample_big(void* p, size_t n) {
   big_left -= (int64_t)n;

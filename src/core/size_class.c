@@ -101,14 +101,12 @@ static bool group_big(unsigned c) {
   return __atomic_load_n(&keel_central_of(c)->slabs, __ATOMIC_RELAXED) >= KEEL_FINE_GROUP_SLABS;
 }
 
-/* The classes that coarse class c served now serve themselves; false if they did already
- * or if the group is not big enough yet. */
-static bool switch_group(unsigned c) {
-  if (!group_big(c)) return false;
-  if (!__atomic_exchange_n(&_keel_class_group_pending[c], 0, __ATOMIC_RELAXED)) return false;
+/* The classes that coarse class c served now serve themselves, unless they did already
+ * or the group is not big enough yet. */
+static void switch_group(unsigned c) {
+  if (!group_big(c) || !__atomic_exchange_n(&_keel_class_group_pending[c], 0, __ATOMIC_RELAXED)) return;
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++)
     if (coarse_of[cls] == c) set_serving(cls, cls);
-  return true;
 }
 
 bool _keel_classes_are_fine(void) { return __atomic_load_n(&fine, __ATOMIC_RELAXED); }

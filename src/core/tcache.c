@@ -96,6 +96,17 @@ static void bin_grow(keel_tcache_t* t, unsigned cls) {
   t->max_bytes += (size_t)grow * k->size;
 }
 
+/* Less room for bin cls, which just handed n blocks back and holds room for at least
+ * those, when the cache is over its budget (it grew while fewer threads shared the
+ * total): up to n - 1 units, keeping one for the block being freed and at least one. */
+static void bin_shrink(keel_tcache_t* t, unsigned cls, uint32_t n) {
+  uint32_t spare_room = (uint32_t)t->bin[cls].max - 1u, drop = n - 1u < spare_room ? n - 1u : spare_room;
+  if (drop == 0 || t->max_bytes <= cache_budget()) return;
+  t->bin[cls].max -= drop;
+  t->bin[cls].avail -= drop;
+  t->max_bytes -= (size_t)drop * _keel_classes[cls].size;
+}
+
 void (*_keel_tcache_sampling)(keel_tcache_t* t);
 
 static void bins_reset(keel_tcache_t* t) {
@@ -342,14 +353,7 @@ void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
       void* list = keel_bin_cut(t, cls, n);
       t->bin[cls].avail += n;
       _keel_central_give(cls, list, n);
-      /* Grown when fewer threads shared the budget: the bin gives up that room too,
-       * keeping room for p. */
-      uint32_t spare_room = (uint32_t)t->bin[cls].max - 1u, drop = n - 1u < spare_room ? n - 1u : spare_room;
-      if (drop > 0 && t->max_bytes > cache_budget()) {
-        t->bin[cls].max -= drop;
-        t->bin[cls].avail -= drop;
-        t->max_bytes -= (size_t)drop * k->size;
-      }
+      bin_shrink(t, cls, n);
     }
   }
   keel_bin_push(t, cls, p);
