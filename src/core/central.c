@@ -574,6 +574,10 @@ void _keel_central_give(unsigned cls, void* list, uint32_t n) {
   const keel_class_t* k = &_keel_classes[cls];
   if (k->transfer_max > 0 && (n == k->batch || n == half_of(k)) && _keel_transfer_put(cls, list, n != k->batch))
     return;
+  _keel_central_give_slabs(cls, list);
+}
+
+void _keel_central_give_slabs(unsigned cls, void* list) {
   keel_central_t* cl = keel_central_of(cls);
   put_run_t runs[PUT_RUNS];
   unsigned nruns;

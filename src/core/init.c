@@ -56,6 +56,7 @@ void _keel_pagemap_reset_locks(void);
 /* Here, not beside keel_purge in stats.c: a forking process runs it, and stats.c's code
  * lies outside the window of text every process keeps resident (src/hot_text.ld). */
 size_t _keel_purge_now(uint32_t max_trims) {
+  _keel_tcache_release_spares(0);
   return _keel_central_purge_all(max_trims) + _keel_pageheap_purge(true) + _keel_huge_purge(true);
 }
 
@@ -162,6 +163,7 @@ static void* purger_main(void* arg) {
     /* Transfer batches idle for the purge delay go back to their slabs, so that empty
      * slabs can be released and purged. */
     if (keel_opt(background_purge)) {
+      _keel_tcache_release_spares(keel_opt(purge_delay_ms) / tick + 1);
       _keel_central_decay(keel_opt(purge_delay_ms) / tick + 1);
       if (_keel_pageheap_dirty_bytes() != 0) _keel_pageheap_maybe_purge();
       if (_keel_huge_cache_pending()) _keel_huge_purge(false);
@@ -180,8 +182,13 @@ void _keel_background_start(void) {
   if (!keel_opt(background_purge)) return;
   int expected = 0;
   if (!atomic_compare_exchange_strong(&background_state, &expected, 1)) return;
-  if (!_keel_prim_thread_start(purger_main, NULL)) atomic_store(&background_state, 2);
+  if (!_keel_prim_thread_start(purger_main, NULL)) {
+    atomic_store(&background_state, 2);
+    _keel_tcache_release_spares(0); /* caches kept in the meantime: no purger to return them */
+  }
 }
+
+bool _keel_purger_running(void) { return atomic_load_explicit(&background_state, memory_order_relaxed) == 1; }
 
 __attribute__((constructor(101))) static void keel_process_init(void) {
   _keel_init();

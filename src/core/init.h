@@ -15,6 +15,8 @@ void _keel_init(void) KEEL_INTERNAL;   /* idempotent; cheap after the first call
  * allocation slow path, which runs with no Keel lock held, then asks whether it has. */
 extern bool _keel_purger_deferred KEEL_INTERNAL;
 void _keel_purger_deferred_check(void) KEEL_INTERNAL KEEL_NOINLINE; /* every forked child runs it */
+/* The purger thread runs: memory kept for reuse is returned on its timer. */
+bool _keel_purger_running(void) KEEL_INTERNAL;
 static inline void keel_ensure_init(void) {
   if (KEEL_UNLIKELY(!__atomic_load_n(&_keel_ready, __ATOMIC_ACQUIRE))) _keel_init();
 }

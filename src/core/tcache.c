@@ -7,7 +7,9 @@
  * shown it needs one (young threads, below); its bins then start small and grow only
  * while the thread keeps missing. So 4,000 parked threads do not pin 4,000 pages per
  * size class, nor 4,000 caches of free blocks.
- * A cache belongs to its thread; exiting threads hand their blocks back. */
+ * A cache belongs to its thread. An exiting thread's cache waits, blocks and all, for the
+ * next thread that starts (a connection thread replacing one that ended takes over a warm
+ * cache and no lock); one that nobody takes within the purge delay gives its blocks back. */
 #include "core/internal.h"
 
 _Thread_local keel_tcache_t* _keel_tc = &_keel_tc_empty;
@@ -39,7 +41,9 @@ static keel_tcache_t* registry;    /* live caches */
  * of one (4 KiB of RssAnon in every process, every PostgreSQL backend included). */
 static keel_tcache_t first_cache KEEL_ALWAYS_BSS;
 static keel_tcache_t* spare = &first_cache; /* caches of exited threads, for reuse */
-static uint64_t live_caches; /* written under the registry lock, read without it */
+/* Caches in use or kept with their blocks (cache_budget's share): written under the
+ * registry lock, read without it. */
+static uint64_t live_caches;
 static uint64_t live_threads, total_threads; /* threads seen, young or with a cache */
 
 /* Slow start: a bin starts with room for one block and doubles each time it runs dry or
@@ -109,15 +113,21 @@ static void bin_shrink(keel_tcache_t* t, unsigned cls, uint32_t n) {
 
 void (*_keel_tcache_sampling)(keel_tcache_t* t);
 
+/* A cache's bins sample afresh for its new thread (the profiler's hook, if it is on). */
+static void bins_restart_sampling(keel_tcache_t* t) {
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++)
+    keel_bin_set_countdown(&t->bin[cls], UINT32_MAX); /* no sample, in effect */
+  void (*sampling)(keel_tcache_t*) = __atomic_load_n(&_keel_tcache_sampling, __ATOMIC_RELAXED);
+  if (sampling != NULL) sampling(t);
+}
+
 static void bins_reset(keel_tcache_t* t) {
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     t->head[cls] = KEEL_LINK_END;
     t->bin[cls].max = initial_max(cls);
     t->bin[cls].avail = t->bin[cls].max;
-    keel_bin_set_countdown(&t->bin[cls], UINT32_MAX); /* no sample, in effect */
   }
-  void (*sampling)(keel_tcache_t*) = __atomic_load_n(&_keel_tcache_sampling, __ATOMIC_RELAXED);
-  if (sampling != NULL) sampling(t);
+  bins_restart_sampling(t);
   t->head[0] = KEEL_LINK_END;
   t->bin[0].max = t->bin[0].avail = 0;
   t->max_bytes = 0;
@@ -164,15 +174,21 @@ static keel_tcache_t* tcache_create(void) {
     young_ops = 0;
     return NULL;
   }
-  bins_reset(t);
-  t->refills = t->flushes = 0;
+  bool kept = t->kept;
+  if (kept) {
+    t->kept = false;
+    bins_restart_sampling(t);
+  } else {
+    bins_reset(t);
+    t->refills = t->flushes = 0;
+  }
   keel_lock(&registry_lock);
   t->prev = NULL;
   t->next = registry;
   if (registry) registry->prev = t;
   registry = t;
-  __atomic_store_n(&live_caches, live_caches + 1, __ATOMIC_RELAXED);
-  if (live_caches == 2) _keel_transfer_spread();
+  if (!kept) __atomic_store_n(&live_caches, live_caches + 1, __ATOMIC_RELAXED);
+  if (live_caches >= 2) _keel_transfer_spread();
   if (was == THREAD_NEW) {
     live_threads++;
     total_threads++;
@@ -190,7 +206,7 @@ static keel_tcache_t* tcache_create(void) {
  * threads come and go, larson's chains of threads). A hint, read without the lock. */
 static inline bool spare_recycled(void) {
   keel_tcache_t* s = __atomic_load_n(&spare, __ATOMIC_RELAXED);
-  return s != NULL && s != &first_cache;
+  return s != NULL && (s != &first_cache || __atomic_load_n(&s->kept, __ATOMIC_RELAXED));
 }
 
 /* The slow paths of a thread on the empty cache: its cache, or NULL while it is young
@@ -206,11 +222,14 @@ static keel_tcache_t* tcache_or_young(void) {
   return tcache_create();
 }
 
-/* Gives every cached block back to the central lists, in batches where possible. */
-void _keel_tcache_flush(keel_tcache_t* t) {
+/* Gives every cached block back to the central lists, in batches where possible (to the
+ * transfer cache, for the threads that go on), or straight to the slabs. */
+static void cache_flush(keel_tcache_t* t, bool to_slabs) {
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     uint32_t batch = _keel_classes[cls].batch;
-    for (uint32_t left = (uint32_t)(t->bin[cls].max - t->bin[cls].avail); left > 0;) {
+    uint32_t count = (uint32_t)(t->bin[cls].max - t->bin[cls].avail);
+    if (to_slabs && count > 0) _keel_central_give_slabs(cls, keel_bin_cut(t, cls, count));
+    for (uint32_t left = to_slabs ? 0 : count; left > 0;) {
       uint32_t n = left < batch ? left : batch;
       _keel_central_give(cls, keel_bin_cut(t, cls, n), n);
       left -= n;
@@ -220,6 +239,39 @@ void _keel_tcache_flush(keel_tcache_t* t) {
   }
   t->max_bytes = 0;
   t->flushes++;
+}
+
+void _keel_tcache_flush(keel_tcache_t* t) { cache_flush(t, false); }
+
+void _keel_tcache_release_spares(uint64_t min_ticks) {
+  uint64_t now = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  keel_tcache_t* stale = NULL;
+  keel_lock(&registry_lock);
+  for (keel_tcache_t** at = &spare; *at != NULL;) {
+    keel_tcache_t* t = *at;
+    if (t->kept && now - t->spare_since >= min_ticks) {
+      *at = t->next;
+      t->next = stale;
+      stale = t;
+    } else {
+      at = &t->next;
+    }
+  }
+  keel_unlock(&registry_lock);
+  if (stale == NULL) return;
+  keel_tcache_t* last = stale;
+  for (keel_tcache_t* t = stale; t != NULL; t = t->next) {
+    cache_flush(t, true);
+    last = t;
+  }
+  keel_lock(&registry_lock);
+  for (keel_tcache_t* t = stale; t != NULL; t = t->next) {
+    t->kept = false;
+    __atomic_store_n(&live_caches, live_caches - 1, __ATOMIC_RELAXED);
+  }
+  last->next = spare;
+  __atomic_store_n(&spare, stale, __ATOMIC_RELAXED);
+  keel_unlock(&registry_lock);
 }
 
 static void on_thread_exit(void* value) {
@@ -233,13 +285,17 @@ static void on_thread_exit(void* value) {
     keel_unlock(&registry_lock);
     return;
   }
-  _keel_tcache_flush(t);
+  /* Kept whole only where the purger will return it if no thread takes it. */
+  bool keep = _keel_purger_running() && t->max_bytes != 0;
+  if (!keep) _keel_tcache_flush(t);
   keel_lock(&registry_lock);
   if (t->prev) t->prev->next = t->next;
   else registry = t->next;
   if (t->next) t->next->prev = t->prev;
-  __atomic_store_n(&live_caches, live_caches - 1, __ATOMIC_RELAXED);
+  if (!keep) __atomic_store_n(&live_caches, live_caches - 1, __ATOMIC_RELAXED);
   live_threads--;
+  t->kept = keep;
+  t->spare_since = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
   t->next = spare;
   __atomic_store_n(&spare, t, __ATOMIC_RELAXED);
   keel_unlock(&registry_lock);
@@ -383,8 +439,12 @@ void _keel_tcache_after_fork_child(void) {
     if (t == mine) continue;
     t->next = spare;
     __atomic_store_n(&spare, t, __ATOMIC_RELAXED);
-    __atomic_store_n(&live_caches, live_caches - 1, __ATOMIC_RELAXED);
   }
+  /* Still counted: this thread's cache and the spares that kept their blocks (whole, the
+   * registry lock was held across the fork); a cache the purger was flushing is lost. */
+  uint64_t counted = mine != &_keel_tc_empty ? 1 : 0;
+  for (keel_tcache_t* t = spare; t != NULL; t = t->next) counted += t->kept;
+  __atomic_store_n(&live_caches, counted, __ATOMIC_RELAXED);
   if (mine != &_keel_tc_empty) {
     mine->next = mine->prev = NULL;
     registry = mine;
@@ -394,15 +454,21 @@ void _keel_tcache_after_fork_child(void) {
   live_threads = thread_state == THREAD_YOUNG || thread_state == THREAD_CACHED ? 1 : 0;
 }
 
+/* Registry lock held: blocks in the live caches and in the spares that kept theirs. */
+static __attribute__((no_sanitize("thread"))) void class_counts(uint64_t* counts) {
+  for (int kept = 0; kept < 2; kept++)
+    for (keel_tcache_t* t = kept ? spare : registry; t != NULL; t = t->next)
+      for (unsigned cls = 1; cls < KEEL_NUM_CLASSES && (!kept || t->kept); cls++)
+        counts[cls] += (uint64_t)(t->bin[cls].max - t->bin[cls].avail);
+}
+
 /* Racy reads of other threads' bins are fine for statistics. */
 KEEL_COLD __attribute__((no_sanitize("thread"))) void _keel_tcache_stats(keel_stats_t* out,
                                                                  uint64_t* cached_bytes) {
-  uint64_t bytes = 0;
+  uint64_t counts[KEEL_NUM_CLASSES] = {0}, bytes = 0;
   keel_lock(&registry_lock);
-  for (keel_tcache_t* t = registry; t != NULL; t = t->next)
-    for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
-      bytes += (uint64_t)(t->bin[cls].max - t->bin[cls].avail) * _keel_classes[cls].size;
-    }
+  class_counts(counts);
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) bytes += counts[cls] * _keel_classes[cls].size;
   out->threads = live_threads;
   out->threads_total = total_threads;
   keel_unlock(&registry_lock); /* (the caches themselves are in _keel_meta_bytes()) */
@@ -412,8 +478,6 @@ KEEL_COLD __attribute__((no_sanitize("thread"))) void _keel_tcache_stats(keel_st
 /* Blocks held in all thread caches, per class (racy reads: statistics only). */
 KEEL_COLD __attribute__((no_sanitize("thread"))) void _keel_tcache_class_counts(uint64_t* counts) {
   keel_lock(&registry_lock);
-  for (keel_tcache_t* t = registry; t != NULL; t = t->next)
-    for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++)
-      counts[cls] += t->bin[cls].max - t->bin[cls].avail;
+  class_counts(counts);
   keel_unlock(&registry_lock);
 }

@@ -45,6 +45,8 @@ typedef struct keel_tcache_s {
   size_t max_bytes;                  /* sum over bins of max * block size */
   uint64_t refills;                  /* slow-path statistics, owner-written */
   uint64_t flushes;
+  uint64_t spare_since;              /* purger tick its thread exited, if it kept its blocks */
+  bool kept;                         /* a spare cache that still holds its thread's blocks */
 } keel_tcache_t;
 
 /* free()'s room check: takes one unit of room from the bin, true if there was one. On
@@ -97,6 +99,9 @@ extern uintptr_t _keel_free_key KEEL_INTERNAL;
 void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) KEEL_INTERNAL;
 void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) KEEL_INTERNAL;
 void _keel_tcache_flush(keel_tcache_t* t) KEEL_INTERNAL;
+/* Spare caches that kept an exited thread's blocks for `min_ticks` purger ticks or more
+ * give them back to the slabs (0: all of them). */
+void _keel_tcache_release_spares(uint64_t min_ticks) KEEL_INTERNAL;
 void _keel_tcache_thread_flush(void) KEEL_INTERNAL;
 /* True if p is in t's bin of class cls (tests and diagnostics). */
 bool _keel_tcache_contains(keel_tcache_t* t, unsigned cls, void* p) KEEL_INTERNAL;

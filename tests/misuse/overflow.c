@@ -10,8 +10,9 @@
  *   bin8, bin16  the freed block waits in the freeing thread's cache; the overflow
  *                writes 8 or 16 bytes past the live block
  *   xthread      blocks allocated by one thread are freed by another, one of them after
- *                its link was overwritten; the freeing thread then allocates until its
- *                cache (and what it handed on in batches) is used
+ *                its link was overwritten; that thread ends, a new one (a connection
+ *                thread replacing it) allocates until what it left is used, and then the
+ *                first thread (where glibc's arenas keep the blocks) does the same
  *   key          prints the link secret as the program can read it back (a freed
  *                block's link XOR the address it leads to XOR its own), to compare
  *                processes
@@ -100,12 +101,20 @@ static void* free_all(void* arg) {
   return NULL;
 }
 
+static void* allocate_all(void* arg) {
+  (void)arg;
+  for (int i = 0; i < ROUNDS; i++) check(malloc(size));
+  return NULL;
+}
+
 static int xthread_case(void) {
   for (int i = 0; i < N; i++) blocks[i] = malloc(size);
   pthread_t t;
   pthread_create(&t, NULL, free_all, NULL);
   pthread_join(t, NULL);
-  for (int i = 0; i < ROUNDS; i++) check(malloc(size));
+  pthread_create(&t, NULL, allocate_all, NULL);
+  pthread_join(t, NULL);
+  allocate_all(NULL);
   printf("not stopped\n");
   return 4;
 }
