@@ -176,7 +176,7 @@ static keel_tcache_t* tcache_create(void) {
   }
   bool kept = t->kept;
   if (kept) {
-    t->kept = false;
+    __atomic_store_n(&t->kept, false, __ATOMIC_RELAXED);
     bins_restart_sampling(t);
   } else {
     bins_reset(t);
@@ -250,7 +250,7 @@ void _keel_tcache_release_spares(uint64_t min_ticks) {
   for (keel_tcache_t** at = &spare; *at != NULL;) {
     keel_tcache_t* t = *at;
     if (t->kept && now - t->spare_since >= min_ticks) {
-      *at = t->next;
+      __atomic_store_n(at, t->next, __ATOMIC_RELAXED); /* `spare` is read without the lock */
       t->next = stale;
       stale = t;
     } else {
@@ -266,7 +266,7 @@ void _keel_tcache_release_spares(uint64_t min_ticks) {
   }
   keel_lock(&registry_lock);
   for (keel_tcache_t* t = stale; t != NULL; t = t->next) {
-    t->kept = false;
+    __atomic_store_n(&t->kept, false, __ATOMIC_RELAXED);
     __atomic_store_n(&live_caches, live_caches - 1, __ATOMIC_RELAXED);
   }
   last->next = spare;
@@ -294,7 +294,7 @@ static void on_thread_exit(void* value) {
   if (t->next) t->next->prev = t->prev;
   if (!keep) __atomic_store_n(&live_caches, live_caches - 1, __ATOMIC_RELAXED);
   live_threads--;
-  t->kept = keep;
+  __atomic_store_n(&t->kept, keep, __ATOMIC_RELAXED);
   t->spare_since = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
   t->next = spare;
   __atomic_store_n(&spare, t, __ATOMIC_RELAXED);
