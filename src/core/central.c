@@ -300,12 +300,14 @@ static uint32_t slab_take(keel_slab_t* s, unsigned cls, uint32_t want, taken_t* 
   unsigned w = s->scan;
   for (; w < words && got < want && !taken_full(taken); w++) {
     uint64_t* word = slab_bits(s, k, w);
-    uint64_t bits = *word, mask = 0;
-    while (bits && got < want) {
-      uint64_t low = bits & (~bits + 1);
-      mask |= low;
-      bits ^= low;
-      got++;
+    uint64_t bits = *word, mask = bits;
+    uint32_t free_here = (uint32_t)__builtin_popcountll(bits);
+    if (free_here <= want - got) { /* the whole word: one step, not one per block */
+      bits = 0;
+      got += free_here;
+    } else {
+      for (; got < want; got++) bits &= bits - 1; /* the lowest want - got blocks */
+      mask ^= bits;
     }
     *word = bits;
     if (mask != 0) taken_add(taken, base, w, mask);
