@@ -55,6 +55,24 @@ KEEL_NOINLINE keel_central_t* _keel_central_activate(unsigned cls) {
  * the back half again. */
 static inline uint32_t half_of(const keel_class_t* k) { return k->batch / 2u; }
 
+/* Lock held: one more trip to the slabs. BUSY_TRIPS in a purger tick (a quarter of a
+ * second by default: a thousand trips a second) make the class busy for this tick and
+ * the next: half batches then only double the trips of a class every thread trades in
+ * (mpmc64 at 4 threads on 2 cores: 19.5 trips per 1,000 malloc+free pairs, a third of
+ * them finding the lock held), while the classes that half batches keep lean see a few
+ * dozen a tick. */
+#define BUSY_TRIPS 256u
+static inline void count_trip(keel_central_t* cl) {
+  uint8_t now = (uint8_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  if (cl->trips_tick != now) {
+    bool was_busy = cl->trips >= BUSY_TRIPS && (uint8_t)(cl->trips_tick + 1) == now;
+    if ((cl->busy != 0) != was_busy) __atomic_store_n(&cl->busy, was_busy, __ATOMIC_RELAXED);
+    cl->trips = 0;
+    cl->trips_tick = now;
+  }
+  if (cl->trips < UINT16_MAX && ++cl->trips == BUSY_TRIPS) __atomic_store_n(&cl->busy, 1, __ATOMIC_RELAXED);
+}
+
 /* The block after q on a list of class cls: the link decoded and checked (freelist.h),
  * and the block it leads to in a slab of that class (the page map says so: a link to
  * anywhere else stops the process before the block is touched). */
@@ -371,6 +389,7 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
 void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
   const keel_class_t* k = &_keel_classes[cls];
   keel_central_t* cl = lock_class(cls);
+  count_trip(cl);
   taken_t taken;
   taken_start(&taken, k);
   uint32_t n = 0;
@@ -586,6 +605,7 @@ void _keel_central_give_slabs(unsigned cls, void* list) {
   while (list != NULL) {
     list = group_list(NULL, cls, list, runs, &nruns);
     keel_lock(&cl->lock);
+    count_trip(cl);
     put_runs(cl, cls, runs, nruns);
     keel_unlock(&cl->lock);
   }

@@ -22,7 +22,9 @@ typedef struct keel_central_s {
   keel_slab_t* partial; /* slabs with free blocks */
   keel_slab_t* sampled_partial; /* the same, for slabs holding profile samples */
   uint32_t slabs;       /* slabs of this class */
-  uint32_t pad;
+  uint16_t trips;       /* takes from and gives to the slabs in purger tick trips_tick */
+  uint8_t trips_tick;   /* (its low bits) */
+  uint8_t busy;         /* BUSY_TRIPS trips in this tick or the last: bins move whole batches */
   uint64_t out;         /* blocks out of slabs: live, or in a cache */
   /* The second line: state of borrowing and carving (borrow.c), under the class's lock
    * unless said. */
@@ -46,6 +48,12 @@ extern keel_central_t _keel_central_slots[KEEL_NUM_CLASSES] KEEL_INTERNAL;
 extern uint8_t _keel_central_slot[KEEL_NUM_CLASSES] KEEL_INTERNAL;
 static inline keel_central_t* keel_central_of(unsigned cls) {
   return &_keel_central_slots[__atomic_load_n(&_keel_central_slot[cls], __ATOMIC_ACQUIRE)];
+}
+/* The class's blocks go to and come from its slabs at a rate that makes its lock a
+ * meeting point (central.c counts the trips): its bins move whole batches even in a
+ * small heap (tcache.c). */
+static inline bool _keel_central_busy(unsigned cls) {
+  return __atomic_load_n(&keel_central_of(cls)->busy, __ATOMIC_RELAXED) != 0;
 }
 
 /* Free blocks parked in cls's transfer cache (racy: statistics). */

@@ -64,11 +64,13 @@ static uint32_t initial_max(unsigned cls) {
  * at a time, so a bin still refills and flushes from the middle of its range; the
  * central list joins two halves into a batch for the transfer cache (central.c). In a
  * big heap the few small classes' caches are a small share of it, and half batches
- * would only double their lock round trips (xthread at 64 threads: 5-9 % more time). */
+ * would only double their lock round trips (xthread at 64 threads: 5-9 % more time);
+ * nor in a class whose lock is busy (central.h). */
 #define SMALL_CLASS_SLABS 4
 static uint32_t bin_batch(const keel_class_t* k, unsigned cls) {
   if (k->batch < 2 || _keel_classes_are_fine() ||
-      __atomic_load_n(&keel_central_of(cls)->slabs, __ATOMIC_RELAXED) >= SMALL_CLASS_SLABS)
+      __atomic_load_n(&keel_central_of(cls)->slabs, __ATOMIC_RELAXED) >= SMALL_CLASS_SLABS ||
+      _keel_central_busy(cls))
     return k->batch;
   return k->batch / 2u;
 }
