@@ -457,7 +457,7 @@ void _keel_tcache_after_fork_child(void) {
 }
 
 /* Registry lock held: blocks in the live caches and in the spares that kept theirs. */
-static __attribute__((no_sanitize("thread"))) void class_counts(uint64_t* counts) {
+KEEL_COLD static __attribute__((no_sanitize("thread"))) void class_counts(uint64_t* counts) {
   for (int kept = 0; kept < 2; kept++)
     for (keel_tcache_t* t = kept ? spare : registry; t != NULL; t = t->next)
       for (unsigned cls = 1; cls < KEEL_NUM_CLASSES && (!kept || t->kept); cls++)
