@@ -7,9 +7,10 @@
  * shown it needs one (young threads, below); its bins then start small and grow only
  * while the thread keeps missing. So 4,000 parked threads do not pin 4,000 pages per
  * size class, nor 4,000 caches of free blocks.
- * A cache belongs to its thread. An exiting thread's cache waits, blocks and all, for the
- * next thread that starts (a connection thread replacing one that ended takes over a warm
- * cache and no lock); one that nobody takes within the purge delay gives its blocks back. */
+ * A cache belongs to its thread. An exiting thread hands its whole batches on, and its
+ * cache waits with its room and the rest of its blocks for the next thread that starts (a
+ * connection thread replacing one that ended takes over a warm cache and no lock); one
+ * that nobody takes within the purge delay gives its blocks back. */
 #include "core/internal.h"
 
 _Thread_local keel_tcache_t* _keel_tc = &_keel_tc_empty;
@@ -245,6 +246,20 @@ static void cache_flush(keel_tcache_t* t, bool to_slabs) {
 
 void _keel_tcache_flush(keel_tcache_t* t) { cache_flush(t, false); }
 
+/* An ended thread's cache keeps its room and, per class, what does not fill a batch;
+ * whole batches go on to the transfer cache, where every thread finds them (left in the
+ * cache, they waited for the next thread alone: threadchurn at 64 threads on 2 cores held
+ * 1.11x the peak RSS). */
+static void cache_hand_on_batches(keel_tcache_t* t) {
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
+    uint32_t batch = _keel_classes[cls].batch;
+    for (uint32_t count = (uint32_t)(t->bin[cls].max - t->bin[cls].avail); count >= batch; count -= batch) {
+      _keel_central_give(cls, keel_bin_cut(t, cls, batch), batch);
+      t->bin[cls].avail += batch;
+    }
+  }
+}
+
 void _keel_tcache_release_spares(uint64_t min_ticks) {
   uint64_t now = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
   keel_tcache_t* stale = NULL;
@@ -289,7 +304,8 @@ static void on_thread_exit(void* value) {
   }
   /* Kept whole only where the purger will return it if no thread takes it. */
   bool keep = _keel_purger_running() && t->max_bytes != 0;
-  if (!keep) _keel_tcache_flush(t);
+  if (keep) cache_hand_on_batches(t);
+  else _keel_tcache_flush(t);
   keel_lock(&registry_lock);
   if (t->prev) t->prev->next = t->next;
   else registry = t->next;
