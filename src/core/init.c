@@ -147,14 +147,19 @@ void _keel_purger_deferred_check(void) {
   _keel_background_start();
 }
 
+/* A quarter of the purge delay, but at least 4 ticks a second so that a live statistics
+ * request is answered promptly. */
+static uint64_t tick_ms(void) {
+  uint64_t tick = keel_opt(purge_delay_ms) / 4;
+  return tick < 10 ? 10 : tick > 250 ? 250 : tick;
+}
+
+uint64_t _keel_delay_ticks(void) { return keel_opt(purge_delay_ms) / tick_ms() + 1; }
+
 static void* purger_main(void* arg) {
   (void)arg;
   for (;;) {
-    /* A quarter of the purge delay, but at least 4 ticks a second so that a live
-     * statistics request is answered promptly. */
-    uint64_t tick = keel_opt(purge_delay_ms) / 4;
-    tick = tick < 10 ? 10 : tick > 250 ? 250 : tick;
-    _keel_prim_sleep_ms(tick);
+    _keel_prim_sleep_ms(tick_ms());
     /* If every other thread has ended (main called pthread_exit and the rest finished),
      * the process must end as POSIX says, with exit(0): our thread must not keep it
      * alive. */
@@ -163,8 +168,8 @@ static void* purger_main(void* arg) {
     /* Transfer batches idle for the purge delay go back to their slabs, so that empty
      * slabs can be released and purged. */
     if (keel_opt(background_purge)) {
-      _keel_tcache_release_spares(keel_opt(purge_delay_ms) / tick + 1);
-      _keel_central_decay(keel_opt(purge_delay_ms) / tick + 1);
+      _keel_tcache_release_spares(_keel_delay_ticks());
+      _keel_central_decay(_keel_delay_ticks());
       if (_keel_pageheap_dirty_bytes() != 0) _keel_pageheap_maybe_purge();
       if (_keel_huge_cache_pending()) _keel_huge_purge(false);
       if (keel_opt(thp) == KEEL_THP_DENSE) _keel_pageheap_promote();

@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/base.h"
 
@@ -17,6 +18,7 @@ extern bool _keel_purger_deferred KEEL_INTERNAL;
 void _keel_purger_deferred_check(void) KEEL_INTERNAL KEEL_NOINLINE; /* every forked child runs it */
 /* The purger thread runs: memory kept for reuse is returned on its timer. */
 bool _keel_purger_running(void) KEEL_INTERNAL;
+uint64_t _keel_delay_ticks(void) KEEL_INTERNAL; /* the purge delay in purger ticks, rounded up */
 static inline void keel_ensure_init(void) {
   if (KEEL_UNLIKELY(!__atomic_load_n(&_keel_ready, __ATOMIC_ACQUIRE))) _keel_init();
 }

@@ -46,6 +46,7 @@ static keel_tcache_t* spare = &first_cache; /* caches of exited threads, for reu
  * registry lock, read without it. */
 static uint64_t live_caches;
 static uint64_t live_threads, total_threads; /* threads seen, young or with a cache */
+static uint64_t last_start_tick;            /* purger tick at which a thread last started */
 
 /* Slow start: a bin starts with room for one block and doubles each time it runs dry or
  * overflows, up to a batch, then grows by batches up to its limit. A thread that
@@ -151,6 +152,7 @@ static bool thread_register(void) {
   keel_lock(&registry_lock);
   live_threads++;
   total_threads++;
+  __atomic_store_n(&last_start_tick, __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
   keel_unlock(&registry_lock);
   _keel_prim_thread_bind(&_keel_tc_empty);
   thread_state = THREAD_YOUNG;
@@ -195,6 +197,7 @@ static keel_tcache_t* tcache_create(void) {
   if (was == THREAD_NEW) {
     live_threads++;
     total_threads++;
+    __atomic_store_n(&last_start_tick, __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
   }
   keel_unlock(&registry_lock);
   _keel_prim_thread_bind(t);
@@ -292,15 +295,20 @@ static void on_thread_exit(void* value) {
     keel_unlock(&registry_lock);
     return;
   }
-  /* Kept whole only where the purger will return it if no thread takes it. */
-  bool keep = _keel_purger_running() && t->max_bytes != 0;
+  /* Kept only where threads have been starting within the purge delay (a thread would
+   * take it) and the purger would return it if none does. Where none has, the process
+   * is shrinking: the cache goes to its slabs and the free pages to the OS at once. */
+  uint64_t now = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  bool replaced = now - __atomic_load_n(&last_start_tick, __ATOMIC_RELAXED) <= _keel_delay_ticks();
+  bool keep = _keel_purger_running() && t->max_bytes != 0 && replaced;
+  bool shrink = _keel_purger_running() && !replaced;
   /* Whole batches go on to the transfer cache, where every thread finds them (left in
    * the cache, they waited for the next thread alone: threadchurn at 64 threads on 2
    * cores held 1.11x the peak RSS); the room and the rest stay. */
   if (keep)
     for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) bin_give_back(t, cls, true);
   else
-    _keel_tcache_flush(t);
+    cache_flush(t, shrink);
   keel_lock(&registry_lock);
   if (t->prev) t->prev->next = t->next;
   else registry = t->next;
@@ -308,10 +316,11 @@ static void on_thread_exit(void* value) {
   if (!keep) __atomic_store_n(&live_caches, live_caches - 1, __ATOMIC_RELAXED);
   live_threads--;
   __atomic_store_n(&t->kept, keep, __ATOMIC_RELAXED);
-  t->spare_since = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  t->spare_since = now;
   t->next = spare;
   __atomic_store_n(&spare, t, __ATOMIC_RELAXED);
   keel_unlock(&registry_lock);
+  if (shrink) _keel_purge_now(256);
 }
 
 void _keel_tcache_thread_flush(void) {
