@@ -48,10 +48,9 @@ void _keel_pagemap_reset_locks(void);
  * starting with the blocks in the forking thread's cache: a child holds every page it
  * inherits, and one forked while the parent is quiet (a PostgreSQL helper or backend)
  * may make too few calls to ever purge them itself: 60 KiB less in a postmaster after
- * start-up, 70-100 KiB less in each of its children. Bounded, so that a big heap with many
- * partly used slabs (Redis forking to save) does not hold up its fork: the timer trims
- * the rest. posix_spawn and vfork run no fork handlers and pay nothing. */
-#define FORK_TRIM_SLABS 256
+ * start-up, 70-100 KiB less in each of its children. Bounded (KEEL_PURGE_TRIMS_BOUNDED),
+ * so that a big heap does not hold up its fork. posix_spawn and vfork run no fork
+ * handlers and pay nothing. */
 
 /* Here, not beside keel_purge in stats.c: a forking process runs it, and stats.c's code
  * lies outside the window of text every process keeps resident (src/hot_text.ld). */
@@ -63,7 +62,7 @@ size_t _keel_purge_now(uint32_t max_trims) {
 static void fork_prepare(void) {
   if (!_keel_ready) return;
   _keel_tcache_thread_flush();
-  _keel_purge_now(FORK_TRIM_SLABS);
+  _keel_purge_now(KEEL_PURGE_TRIMS_BOUNDED);
   _keel_tcache_lock_all();
   _keel_mesh_lock_all();
   _keel_central_lock_all();

@@ -48,6 +48,13 @@ static uint64_t live_caches;
 static uint64_t live_threads, total_threads; /* threads seen, young or with a cache */
 static uint64_t last_start_tick;            /* purger tick at which a thread last started */
 
+/* A thread's first call: counted, and when (on_thread_exit asks). Registry lock held. */
+static void count_thread_start(void) {
+  live_threads++;
+  total_threads++;
+  __atomic_store_n(&last_start_tick, __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+}
+
 /* Slow start: a bin starts with room for one block and doubles each time it runs dry or
  * overflows, up to a batch, then grows by batches up to its limit. A thread that
  * allocates a little therefore takes only a little from the shared slabs (and touches
@@ -150,9 +157,7 @@ static bool thread_register(void) {
     return false;
   }
   keel_lock(&registry_lock);
-  live_threads++;
-  total_threads++;
-  __atomic_store_n(&last_start_tick, __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+  count_thread_start();
   keel_unlock(&registry_lock);
   _keel_prim_thread_bind(&_keel_tc_empty);
   thread_state = THREAD_YOUNG;
@@ -194,11 +199,7 @@ static keel_tcache_t* tcache_create(void) {
   registry = t;
   if (!kept) __atomic_store_n(&live_caches, live_caches + 1, __ATOMIC_RELAXED);
   if (live_caches >= 2) _keel_transfer_spread();
-  if (was == THREAD_NEW) {
-    live_threads++;
-    total_threads++;
-    __atomic_store_n(&last_start_tick, __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
-  }
+  if (was == THREAD_NEW) count_thread_start();
   keel_unlock(&registry_lock);
   _keel_prim_thread_bind(t);
   _keel_tc = t;
@@ -320,7 +321,7 @@ static void on_thread_exit(void* value) {
   t->next = spare;
   __atomic_store_n(&spare, t, __ATOMIC_RELAXED);
   keel_unlock(&registry_lock);
-  if (shrink) _keel_purge_now(256);
+  if (shrink) _keel_purge_now(KEEL_PURGE_TRIMS_BOUNDED);
 }
 
 void _keel_tcache_thread_flush(void) {
