@@ -19,6 +19,7 @@ void _keel_purger_deferred_check(void) KEEL_INTERNAL KEEL_NOINLINE; /* every for
 /* The purger thread runs: memory kept for reuse is returned on its timer. */
 bool _keel_purger_running(void) KEEL_INTERNAL;
 uint64_t _keel_delay_ticks(void) KEEL_INTERNAL; /* the purge delay in purger ticks, rounded up */
+void _keel_purge_soon(void) KEEL_INTERNAL;      /* the purger returns all free memory now */
 static inline void keel_ensure_init(void) {
   if (KEEL_UNLIKELY(!__atomic_load_n(&_keel_ready, __ATOMIC_ACQUIRE))) _keel_init();
 }

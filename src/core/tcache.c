@@ -296,20 +296,21 @@ static void on_thread_exit(void* value) {
     keel_unlock(&registry_lock);
     return;
   }
-  /* Kept only where threads have been starting within the purge delay (a thread would
-   * take it) and the purger would return it if none does. Where none has, the process
-   * is shrinking: the cache goes to its slabs and the free pages to the OS at once. */
+  /* Kept whole only where the purger will return it if no thread takes it. Where no
+   * thread has started within the purge delay, none is coming to take it: the process is
+   * shrinking (its clients have gone), and the purger is asked to return the free memory
+   * now rather than after the delay - one pass for a burst of ending threads, each of
+   * which only hands its cache on as usual. */
   uint64_t now = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
-  bool replaced = now - __atomic_load_n(&last_start_tick, __ATOMIC_RELAXED) <= _keel_delay_ticks();
-  bool keep = _keel_purger_running() && t->max_bytes != 0 && replaced;
-  bool shrink = _keel_purger_running() && !replaced;
+  bool keep = _keel_purger_running() && t->max_bytes != 0;
+  bool shrink = _keel_purger_running() && now - __atomic_load_n(&last_start_tick, __ATOMIC_RELAXED) > _keel_delay_ticks();
   /* Whole batches go on to the transfer cache, where every thread finds them (left in
    * the cache, they waited for the next thread alone: threadchurn at 64 threads on 2
    * cores held 1.11x the peak RSS); the room and the rest stay. */
   if (keep)
     for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) bin_give_back(t, cls, true);
   else
-    cache_flush(t, shrink);
+    _keel_tcache_flush(t);
   keel_lock(&registry_lock);
   if (t->prev) t->prev->next = t->next;
   else registry = t->next;
@@ -321,7 +322,7 @@ static void on_thread_exit(void* value) {
   t->next = spare;
   __atomic_store_n(&spare, t, __ATOMIC_RELAXED);
   keel_unlock(&registry_lock);
-  if (shrink) _keel_purge_now(KEEL_PURGE_TRIMS_BOUNDED);
+  if (shrink) _keel_purge_soon();
 }
 
 void _keel_tcache_thread_flush(void) {

@@ -103,6 +103,8 @@ int _keel_prim_errno_einval(void);
 /* -- threads ------------------------------------------------------------------------- */
 /* Futex-style waiting on a 32-bit word: sleep while *addr == expected; wake up to n. */
 void _keel_prim_futex_wait(volatile uint32_t* addr, uint32_t expected);
+/* The same, for at most ms milliseconds. */
+void _keel_prim_futex_wait_ms(volatile uint32_t* addr, uint32_t expected, uint64_t ms);
 void _keel_prim_futex_wake(volatile uint32_t* addr, int n);
 void _keel_prim_yield(void);
 

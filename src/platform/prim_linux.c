@@ -359,6 +359,13 @@ void _keel_prim_futex_wait(volatile uint32_t* addr, uint32_t expected) {
   errno = saved;
 }
 
+void _keel_prim_futex_wait_ms(volatile uint32_t* addr, uint32_t expected, uint64_t ms) {
+  int saved = errno;
+  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+  syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, expected, &ts, NULL, 0);
+  errno = saved;
+}
+
 void _keel_prim_futex_wake(volatile uint32_t* addr, int n) {
   int saved = errno;
   syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
