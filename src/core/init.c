@@ -170,7 +170,8 @@ static void wait_tick(void) {
   uint64_t start = _keel_prim_clock_ms(), tick = tick_ms();
   for (uint64_t now = start; now - start < tick; now = _keel_prim_clock_ms()) {
     _keel_prim_futex_wait_ms(&purger_bell, 0, tick - (now - start));
-    if (__atomic_exchange_n(&purger_bell, 0, __ATOMIC_ACQUIRE) != 0) _keel_purge_now(KEEL_PURGE_TRIMS_BOUNDED);
+    if (__atomic_exchange_n(&purger_bell, 0, __ATOMIC_ACQUIRE) != 0 && keel_opt(background_purge))
+      _keel_purge_now(KEEL_PURGE_TRIMS_BOUNDED);
   }
 }
 
