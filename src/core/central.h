@@ -125,11 +125,11 @@ extern bool (*_keel_central_unmesh)(void* addr, size_t len) KEEL_INTERNAL;
  * bytes purged. */
 size_t _keel_central_purge_all(uint32_t max_trims) KEEL_INTERNAL;
 /* All of Keel's free memory back to the OS now (keel_purge, `keel purge PID`, before a
- * fork, as the last of a process's threads end), at most max_trims partly used slabs
- * trimmed; bytes released (init.c). */
+ * fork, the purger's answer to threads ending in a shrinking process), at most
+ * max_trims partly used slabs trimmed; bytes released (init.c). */
 size_t _keel_purge_now(uint32_t max_trims) KEEL_INTERNAL;
-/* max_trims where something waits on the purge (a fork, an ending thread): a big heap's
- * many partly used slabs (Redis forking to save) are left to the timer. */
+/* max_trims outside an explicit request (a fork, the purger's answer): a big heap's many
+ * partly used slabs (Redis forking to save) are left to the timer. */
 #define KEEL_PURGE_TRIMS_BOUNDED 256u
 /* The same for classes whose transfer cache has not been used for `idle_ticks`; and the
  * OS pages inside partly used slabs that hold only free blocks, untouched for as long,

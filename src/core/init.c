@@ -44,14 +44,6 @@ void _keel_pagemap_lock_all(void);
 void _keel_pagemap_unlock_all(void);
 void _keel_pagemap_reset_locks(void);
 
-/* Before a fork, the free memory the purge timer would return later is returned now,
- * starting with the blocks in the forking thread's cache: a child holds every page it
- * inherits, and one forked while the parent is quiet (a PostgreSQL helper or backend)
- * may make too few calls to ever purge them itself: 60 KiB less in a postmaster after
- * start-up, 70-100 KiB less in each of its children. Bounded (KEEL_PURGE_TRIMS_BOUNDED),
- * so that a big heap does not hold up its fork. posix_spawn and vfork run no fork
- * handlers and pay nothing. */
-
 /* Here, not beside keel_purge in stats.c: a forking process runs it, and stats.c's code
  * lies outside the window of text every process keeps resident (src/hot_text.ld). */
 size_t _keel_purge_now(uint32_t max_trims) {
@@ -59,6 +51,13 @@ size_t _keel_purge_now(uint32_t max_trims) {
   return _keel_central_purge_all(max_trims) + _keel_pageheap_purge(true) + _keel_huge_purge(true);
 }
 
+/* Before a fork, the free memory the purge timer would return later is returned now,
+ * starting with the blocks in the forking thread's cache: a child holds every page it
+ * inherits, and one forked while the parent is quiet (a PostgreSQL helper or backend)
+ * may make too few calls to ever purge them itself: 60 KiB less in a postmaster after
+ * start-up, 70-100 KiB less in each of its children. Bounded (KEEL_PURGE_TRIMS_BOUNDED),
+ * so that a big heap does not hold up its fork. posix_spawn and vfork run no fork
+ * handlers and pay nothing. */
 static void fork_prepare(void) {
   if (!_keel_ready) return;
   _keel_tcache_thread_flush();

@@ -353,17 +353,21 @@ int _keel_prim_errno_einval(void) { return EINVAL; }
 
 /* -- threads --------------------------------------------------------------------------- */
 
-void _keel_prim_futex_wait(volatile uint32_t* addr, uint32_t expected) {
+static struct timespec ms_timespec(uint64_t ms) {
+  return (struct timespec){(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+}
+
+static void futex_wait(volatile uint32_t* addr, uint32_t expected, const struct timespec* timeout) {
   int saved = errno;
-  syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
+  syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, expected, timeout, NULL, 0);
   errno = saved;
 }
 
+void _keel_prim_futex_wait(volatile uint32_t* addr, uint32_t expected) { futex_wait(addr, expected, NULL); }
+
 void _keel_prim_futex_wait_ms(volatile uint32_t* addr, uint32_t expected, uint64_t ms) {
-  int saved = errno;
-  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-  syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, expected, &ts, NULL, 0);
-  errno = saved;
+  struct timespec ts = ms_timespec(ms);
+  futex_wait(addr, expected, &ts);
 }
 
 void _keel_prim_futex_wake(volatile uint32_t* addr, int n) {
@@ -457,7 +461,7 @@ void _keel_prim_thread_forget_after_fork(void) {
 }
 
 void _keel_prim_sleep_ms(uint64_t ms) {
-  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+  struct timespec ts = ms_timespec(ms);
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
   }
 }
