@@ -191,7 +191,7 @@ static void* carve_take_block(unsigned cls, keel_carve_t* d) {
 static void* take_hole(unsigned lender, uint32_t now, uint32_t cold, bool carve) {
   keel_central_t* cl = keel_central_of(lender);
   const keel_class_t* k = &_keel_classes[lender];
-  if (__atomic_load_n(&cl->partial, __ATOMIC_RELAXED) == NULL || !can_lend(cl, k, now, cold) ||
+  if (__atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) == 0 || !can_lend(cl, k, now, cold) ||
       __atomic_load_n(&cl->lend_miss_tick, __ATOMIC_RELAXED) == now + 1)
     return NULL;
   unsigned budget = BORROW_CANDIDATES;
@@ -203,11 +203,12 @@ static void* take_hole(unsigned lender, uint32_t now, uint32_t cold, bool carve)
    * slabs at its head, once lent out, do not end every search. */
   keel_slab_t** cursor = &cl->lend_cursor;
   keel_slab_t* s = NULL;
-  if (can_lend(cl, k, now, cold) && cl->partial != NULL) {
-    s = *cursor != NULL ? *cursor : cl->partial;
+  if (can_lend(cl, k, now, cold) && cl->partial_lines != 0) {
+    s = *cursor != NULL ? *cursor : _keel_partial_first(cl);
     for (unsigned n = 0; n < BORROW_SLABS && budget > 0; n++) {
       if (!s->meshed && (idx = slab_take_hole(s, k, &budget)) >= 0) break;
-      s = s->next != NULL ? s->next : cl->partial;
+      keel_slab_t* next = _keel_partial_next(cl, s);
+      s = next != NULL ? next : _keel_partial_first(cl);
     }
     *cursor = s;
   }
@@ -223,7 +224,7 @@ static void* take_hole(unsigned lender, uint32_t now, uint32_t cold, bool carve)
   void** p = (void**)((char*)slab_base(keel_chunk_of(s), s) + (size_t)idx * k->size);
   if (s->used == k->count) _keel_slab_became_full(cl, s, k);
   cl->out++;
-  bool exhausted = cl->partial == NULL;
+  bool exhausted = cl->partial_lines == 0;
   keel_unlock(&cl->lock);
   if (KEEL_UNLIKELY(exhausted && __atomic_load_n(&_keel_class_group_pending[lender], __ATOMIC_RELAXED)))
     _keel_classes_coarse_exhausted(lender);

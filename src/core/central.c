@@ -88,14 +88,41 @@ static void* list_next(const void* q, unsigned cls) {
 
 uint32_t _keel_central_parked_blocks(unsigned cls) { return _keel_transfer_blocks(cls); }
 
-/* A slab's partial list: ordinary slabs and profile-sample slabs are kept apart. */
-static keel_slab_t** partial_list(keel_central_t* cl, keel_slab_t* s) {
-  return s->sampled ? &cl->sampled_partial : &cl->partial;
+/* Home lines. On many cores (transfer.h) a class's slabs with free blocks are on one list
+ * per transfer line (the processor a thread runs on): a take goes to its own line's
+ * slabs first, and to another line's only when its own have none (before the class
+ * takes a new slab), moving that slab to its line. So the blocks a thread gives back to
+ * its slabs are the ones it, or its processor's next thread, takes again: a batch taken
+ * from a slab that another core filled is a cache miss per block. Line 0's list is the
+ * entry's own `partial`, the only one used on fewer cores; the others are a sparse array
+ * by line, then by the class's central slot. */
+static keel_slab_t* home_partial[KEEL_TRANSFER_LINES - 1][KEEL_NUM_CLASSES] KEEL_SPARSE_BSS;
+
+static inline keel_slab_t** home_head(keel_central_t* cl, unsigned line) {
+  return line == 0 ? &cl->partial : &home_partial[line - 1][cl - _keel_central_slots];
 }
 
-/* The list heads are written under the class lock but also read without it
- * (_keel_central_has_free, the decay's skip test): relaxed atomic stores, so those
- * reads see a whole value (and the code is race-free as C11 and TSan define it). */
+/* A slab's partial list: ordinary slabs by home line; profile-sample slabs apart. */
+static keel_slab_t** partial_list(keel_central_t* cl, keel_slab_t* s) {
+  return s->sampled ? &cl->sampled_partial : home_head(cl, s->home);
+}
+
+/* The first slab of the home lists from line `line` on, in line order. */
+static keel_slab_t* partial_from(keel_central_t* cl, unsigned line) {
+  uint32_t lines = (uint32_t)cl->partial_lines >> line;
+  return lines == 0 ? NULL : *home_head(cl, line + (unsigned)__builtin_ctz(lines));
+}
+
+keel_slab_t* _keel_partial_first(keel_central_t* cl) { return partial_from(cl, 0); }
+keel_slab_t* _keel_partial_head(keel_central_t* cl, unsigned line) { return *home_head(cl, line); }
+
+keel_slab_t* _keel_partial_next(keel_central_t* cl, keel_slab_t* s) {
+  return s->next != NULL || s->sampled ? s->next : partial_from(cl, s->home + 1u);
+}
+
+/* The list heads and partial_lines are written under the class lock but also read
+ * without it (_keel_central_has_free, the decay's skip test): relaxed atomic stores, so
+ * those reads see a whole value (and the code is race-free as C11 and TSan define it). */
 static void partial_push(keel_central_t* cl, keel_slab_t* s) {
   keel_slab_t** list = partial_list(cl, s);
   s->prev = NULL;
@@ -103,19 +130,44 @@ static void partial_push(keel_central_t* cl, keel_slab_t* s) {
   if (s->next) s->next->prev = s;
   __atomic_store_n(list, s, __ATOMIC_RELAXED);
   s->in_partial = 1;
+  if (!s->sampled && !(cl->partial_lines & (1u << s->home)))
+    __atomic_store_n(&cl->partial_lines, (uint16_t)(cl->partial_lines | (1u << s->home)), __ATOMIC_RELAXED);
 }
 
 /* A class's lend_cursor: where its next search for a hole to lend starts (borrow.c), a
- * slab of its partial list or NULL for the head. */
+ * slab of its partial lists or NULL for the first. */
 
 static void partial_remove(keel_central_t* cl, keel_slab_t* s) {
   keel_slab_t** cursor = &keel_central_of(s->cls)->lend_cursor;
-  if (*cursor == s) *cursor = s->next;
+  if (*cursor == s) *cursor = s->next; /* NULL: the next search starts at the first */
   if (s->prev) s->prev->next = s->next;
   else __atomic_store_n(partial_list(cl, s), s->next, __ATOMIC_RELAXED);
   if (s->next) s->next->prev = s->prev;
+  if (!s->sampled && *partial_list(cl, s) == NULL)
+    __atomic_store_n(&cl->partial_lines, (uint16_t)(cl->partial_lines & ~(1u << s->home)), __ATOMIC_RELAXED);
   s->next = s->prev = NULL;
   s->in_partial = 0;
+}
+
+/* Whether class cl has a partial slab besides s (one of them). */
+static inline bool partial_others(keel_central_t* cl, keel_slab_t* s) {
+  return s->prev != NULL || s->next != NULL || (!s->sampled && (cl->partial_lines & ~(1u << s->home)) != 0);
+}
+
+/* No slab on line's list: the slab of another line's list that this line takes over
+ * (the next line's first, not its head where that has a second: the head is the one
+ * its line takes from); NULL if every list is empty. */
+static KEEL_COLD keel_slab_t* partial_adopt(keel_central_t* cl, unsigned line) {
+  uint32_t others = cl->partial_lines & ~(1u << line);
+  if (others == 0) return NULL;
+  uint32_t after = others >> line >> 1;
+  unsigned from = after != 0 ? line + 1u + (unsigned)__builtin_ctz(after) : (unsigned)__builtin_ctz(others);
+  keel_slab_t* s = *home_head(cl, from);
+  if (s->next != NULL) s = s->next;
+  partial_remove(cl, s);
+  s->home = (uint8_t)line;
+  partial_push(cl, s);
+  return s;
 }
 
 static uint64_t slab_units; /* units of all classes' slabs (the switch to fine classes) */
@@ -200,6 +252,7 @@ static keel_slab_t* slab_new(unsigned cls, bool sampled) {
   s->carved = 0;
   s->scan = 0;
   s->ready = 0; /* bitmap words are written as takes reach them (slab_bits) */
+  s->home = 0;
   s->row = 0;   /* and its row of them only once it needs a second word */
   __atomic_store_n(&keel_central_of(cls)->slabs, keel_central_of(cls)->slabs + 1, __ATOMIC_RELAXED);
   __atomic_add_fetch(&slab_units, k->units, __ATOMIC_RELAXED);
@@ -394,13 +447,16 @@ void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
   taken_start(&taken, k);
   uint32_t n = 0;
   bool grew = false;
+  unsigned line = keel_many_cores() ? _keel_transfer_home() : 0;
   while (n < want && !taken_full(&taken)) {
-    keel_slab_t* s = cl->partial;
+    keel_slab_t* s = *home_head(cl, line);
+    if (s == NULL && cl->partial_lines != 0) s = partial_adopt(cl, line);
     if (s == NULL && unpark_one(cl, cls)) continue;
     if (s == NULL) {
       s = slab_new(cls, false);
       if (s == NULL) break;
       grew = true;
+      s->home = (uint8_t)line;
       partial_push(cl, s);
     }
     n += slab_take(s, cls, want - n, &taken);
@@ -408,7 +464,7 @@ void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
   }
   if (n > 0) stamp_take(cl);
   cl->out += n;
-  bool exhausted = cl->partial == NULL;
+  bool exhausted = cl->partial_lines == 0;
   keel_unlock(&cl->lock);
   void* head = taken_link(&taken);
   *got = n;
@@ -421,7 +477,7 @@ void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
 
 bool _keel_central_has_free(unsigned cls) {
   const keel_central_t* cl = keel_central_of(cls);
-  return __atomic_load_n(&cl->partial, __ATOMIC_RELAXED) != NULL || _keel_transfer_any(cls);
+  return __atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) != 0 || _keel_transfer_any(cls);
 }
 
 KEEL_COLD void* _keel_central_take_sampled(unsigned cls) {
@@ -477,12 +533,12 @@ static KEEL_NOINLINE void slab_put_bits(keel_central_t* cl, unsigned cls, keel_s
   if (s->used == 0) {
     /* Keep a lone empty slab: releasing it would make a class that is used a little
      * at a time create and destroy the same slab over and over. */
-    if (s->in_partial && (s->prev != NULL || s->next != NULL) && slab_releasable(s)) {
+    if (s->in_partial && partial_others(cl, s) && slab_releasable(s)) {
       partial_remove(cl, s);
       slab_release(cls, s);
       return;
     }
-    if (!s->in_partial && *partial_list(cl, s) != NULL && slab_releasable(s)) {
+    if (!s->in_partial && (s->sampled ? cl->sampled_partial != NULL : cl->partial_lines != 0) && slab_releasable(s)) {
       slab_release(cls, s);
       return;
     }

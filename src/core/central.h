@@ -19,7 +19,8 @@
 typedef struct keel_central_s {
   keel_lock_t lock;
   uint32_t take_tick; /* purger tick when blocks were last taken (slab or transfer cache) */
-  keel_slab_t* partial; /* slabs with free blocks */
+  uint16_t partial_lines; /* bit L: home line L's partial list has slabs (central.c) */
+  keel_slab_t* partial; /* slabs with free blocks whose home is line 0 */
   keel_slab_t* sampled_partial; /* the same, for slabs holding profile samples */
   uint32_t slabs;       /* slabs of this class */
   uint16_t trips;       /* takes from and gives to the slabs in purger tick trips_tick */
@@ -56,6 +57,13 @@ static inline bool _keel_central_busy(unsigned cls) {
   return __atomic_load_n(&keel_central_of(cls)->busy, __ATOMIC_RELAXED) != 0;
 }
 
+/* A class's slabs with free blocks are on one list per home line (central.c), under its
+ * lock: the first of them all and the one after s, in line order, NULL at the end (a
+ * profile-sample slab's list is one, sampled_partial); and the head of one line's list. */
+keel_slab_t* _keel_partial_first(keel_central_t* cl) KEEL_INTERNAL;
+keel_slab_t* _keel_partial_next(keel_central_t* cl, keel_slab_t* s) KEEL_INTERNAL;
+keel_slab_t* _keel_partial_head(keel_central_t* cl, unsigned line) KEEL_INTERNAL;
+
 /* Free blocks parked in cls's transfer cache (racy: statistics). */
 uint32_t _keel_central_parked_blocks(unsigned cls) KEEL_INTERNAL;
 /* Whether cls's central list has ever been locked (an inactive one is all zero). */
@@ -78,7 +86,7 @@ static inline bool _keel_central_parks(unsigned cls, uint32_t want) {
 void* _keel_central_take_parked(unsigned cls, uint32_t want, uint32_t* got) KEEL_INTERNAL;
 /* Class cls has free blocks in its slabs (unlocked: a hint). */
 static inline bool _keel_central_slabs_have_free(unsigned cls) {
-  return __atomic_load_n(&keel_central_of(cls)->partial, __ATOMIC_RELAXED) != NULL;
+  return __atomic_load_n(&keel_central_of(cls)->partial_lines, __ATOMIC_RELAXED) != 0;
 }
 /* Takes up to `want` blocks of class cls; returns a NULL-terminated list and sets *got.
  * NULL (and *got 0) when memory is exhausted. */

@@ -29,7 +29,8 @@ typedef struct keel_slab_s {
   uint16_t used;     /* slab: blocks out of the slab (live, in a cache, or carved) */
   uint16_t carved;   /* slab: its blocks carved into smaller classes' (borrow.c) */
   uint16_t scan;     /* slab: first bitmap word that may have a free bit */
-  uint16_t ready;    /* slab: bitmap words written so far; the rest are wholly free */
+  uint8_t ready;     /* slab: bitmap words written so far (at most 63); the rest are wholly free */
+  uint8_t home;      /* slab: the transfer line whose partial list holds it (central.c) */
   uint32_t put_tick; /* slab: purger tick when a block last came back */
   uint32_t busy_trim_tick; /* slab: first tick it may be trimmed while blocks come back */
   union {

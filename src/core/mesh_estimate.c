@@ -184,12 +184,12 @@ static uint32_t copy_bitmaps(unsigned cls, scratch_t* s, size_t reserve_per_slab
   for (;;) {
     keel_lock(&cl->lock);
     uint32_t n = 0;
-    for (keel_slab_t* sl = cl->partial; sl != NULL; sl = sl->next) n++;
+    for (keel_slab_t* sl = _keel_partial_first(cl); sl != NULL; sl = _keel_partial_next(cl, sl)) n++;
     size_t need = (size_t)n * (words * sizeof(uint64_t) + sizeof(uintptr_t) + reserve_per_slab);
     if (need <= s->bytes) {
       uint64_t* dst = (uint64_t*)s->base;
       uintptr_t* base = (uintptr_t*)s->base + (size_t)n * words;
-      for (keel_slab_t* sl = cl->partial; sl != NULL; sl = sl->next, dst += words) {
+      for (keel_slab_t* sl = _keel_partial_first(cl); sl != NULL; sl = _keel_partial_next(cl, sl), dst += words) {
         for (unsigned w = 0; w < words; w++) dst[w] = keel_slab_word(sl, _keel_classes[cls].count, w);
         keel_chunk_t* c = keel_chunk_of(sl);
         *base++ = (uintptr_t)keel_unit_addr(c, (unsigned)(sl - c->units));

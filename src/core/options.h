@@ -32,6 +32,8 @@ typedef struct keel_options_s {
   uint64_t child_purger;    /* KEEL_CHILD_PURGER: a forked child starts its purger once it
                                has taken this much in spans and huge blocks since the fork
                                (0: at the fork) */
+  uint64_t cpus;            /* KEEL_CPUS: processors the per-processor structures are sized
+                               for (0: those the process may run on) */
 } keel_options_t;
 
 /* KEEL_THP: what Keel asks of transparent huge pages for the memory it maps. */

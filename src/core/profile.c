@@ -318,8 +318,9 @@ __attribute__((no_sanitize("thread"))) KEEL_HOT void _keel_profile_tick(void) {
   }
 }
 
-KEEL_HOT void _keel_profile_at_exit(void) {
-  if (!_keel_profiling) return;
+/* The exit dump and the leak report, in the cold text with the rest of this file: only
+ * a process that profiles reaches it. */
+static KEEL_COLD void profile_at_exit(void) {
   if (keel_opt(profile_at_exit)) dump_named("exit");
   if (!keel_opt(profile_leaks) || table_used == 0) return;
   /* Leak report: the stacks holding the most live sampled bytes. */
@@ -360,6 +361,10 @@ KEEL_HOT void _keel_profile_at_exit(void) {
   }
   keel_unlock(&prof_lock);
   if (lines) _keel_prim_unmap(lines, map_bytes);
+}
+
+KEEL_HOT void _keel_profile_at_exit(void) {
+  if (_keel_profiling) profile_at_exit();
 }
 
 KEEL_API int keel_profile_dump(const char* path) {

@@ -126,8 +126,8 @@ size_t _keel_central_purge_all(uint32_t max_trims) {
      * purged without waiting for their slab to go quiet. */
     for (int sampled = 0; sampled < 2; sampled++) {
       keel_slab_t* next;
-      for (keel_slab_t* s = sampled ? cl->sampled_partial : cl->partial; s != NULL; s = next) {
-        next = s->next;
+      for (keel_slab_t* s = sampled ? cl->sampled_partial : _keel_partial_first(cl); s != NULL; s = next) {
+        next = _keel_partial_next(cl, s);
         if (_keel_slab_release_empty(cl, cls, s)) continue;
         if (trim && s->needs_trim && max_trims > 0 && trim_allowed(cls, s)) {
           max_trims--;
@@ -157,7 +157,7 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
     keel_central_t* cl = keel_central_of(cls);
     if (!_keel_central_active(cls)) continue;
     bool parked = _keel_transfer_any(cls);
-    if (!parked && __atomic_load_n(&cl->partial, __ATOMIC_RELAXED) == NULL &&
+    if (!parked && __atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) == 0 &&
         __atomic_load_n(&cl->sampled_partial, __ATOMIC_RELAXED) == NULL)
       continue;
     keel_lock(&cl->lock);
@@ -168,7 +168,8 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
     bool busy_ok = now - __atomic_load_n(&cl->take_tick, __ATOMIC_RELAXED) >= cold;
     unsigned busy_budget = BUSY_TRIM_SLABS;
     for (int sampled = 0; sampled < 2; sampled++)
-      for (keel_slab_t* s = sampled ? cl->sampled_partial : cl->partial; s != NULL; s = s->next) {
+      for (keel_slab_t* s = sampled ? cl->sampled_partial : _keel_partial_first(cl); s != NULL;
+           s = _keel_partial_next(cl, s)) {
         if (!trim || !s->needs_trim) continue;
         bool quiet = now - s->put_tick >= idle_ticks;
         if (!quiet && (!busy_ok || busy_budget == 0 || (int32_t)(now - s->busy_trim_tick) < 0)) continue;

@@ -35,11 +35,15 @@ static bool spread;             /* a second thread cache exists: use every line 
  * class many threads trade in. Counted when a second thread cache appears (the registry
  * lock held), so a single-threaded process makes no system call for it; published
  * before `spread`, which readers load first. */
+bool _keel_many_cores;
+
 void _keel_transfer_spread(void) {
   if (__atomic_load_n(&spread, __ATOMIC_ACQUIRE)) return;
-  unsigned cpus = _keel_prim_cpu_count(), n = 4;
+  uint64_t asked = keel_opt(cpus);
+  unsigned cpus = asked != 0 ? (unsigned)(asked < 1024 ? asked : 1024) : _keel_prim_cpu_count(), n = 4;
   while (n < cpus && n < KEEL_TRANSFER_LINES) n *= 2;
   __atomic_store_n(&line_count, n, __ATOMIC_RELAXED);
+  __atomic_store_n(&_keel_many_cores, n >= KEEL_MANY_CORES_LINES, __ATOMIC_RELAXED);
   __atomic_store_n(&spread, true, __ATOMIC_RELEASE);
 }
 
@@ -67,6 +71,8 @@ static inline unsigned home_line(unsigned used) {
   return used == 1 ? 0 : _keel_prim_current_cpu() & (used - 1);
 }
 
+unsigned _keel_transfer_home(void) { return home_line(_keel_transfer_lines()); }
+
 static inline void stamp(transfer_line_t* l) {
   uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
   if (__atomic_load_n(&l->touched, __ATOMIC_RELAXED) != now) __atomic_store_n(&l->touched, now, __ATOMIC_RELAXED);
@@ -77,7 +83,10 @@ bool _keel_transfer_put(unsigned cls, void* list, bool half) {
   unsigned used = _keel_transfer_lines(), cap = line_cap(k, used), home = home_line(used);
   keel_assert(_keel_central_active(cls) && ((uintptr_t)list & 1) == 0);
   void* entry = (void*)((uintptr_t)list | (half ? 1u : 0u));
-  for (unsigned i = 0; i < used; i++) {
+  /* On many cores every line has a core behind it: a batch that does not fit on the
+   * thread's own line goes to its slabs (its own, central.c), not to another core. */
+  unsigned tries = keel_many_cores() ? 1 : used;
+  for (unsigned i = 0; i < tries; i++) {
     transfer_line_t* l = line_of((home + i) & (used - 1), cls);
     for (unsigned s = 0; s < cap; s++) {
       void* expected = NULL;

@@ -17,6 +17,15 @@
 /* A second thread cache exists: count the processors, use every line from now on. */
 void _keel_transfer_spread(void) KEEL_INTERNAL;
 unsigned _keel_transfer_lines(void) KEEL_INTERNAL; /* lines in use now */
+unsigned _keel_transfer_home(void) KEEL_INTERNAL;  /* the calling thread's line now */
+/* Many processors: the process has spread over 8 lines or more (five processors or more,
+ * or KEEL_CPUS). Every line then has a core behind it, and a block that goes from one
+ * core to another is a cache miss each time: batches stay on their thread's line and
+ * slabs on their line's list (central.c). On fewer, the lines of idle processors are
+ * room for bursts, and every slab is on one list. */
+#define KEEL_MANY_CORES_LINES 8
+extern bool _keel_many_cores KEEL_INTERNAL;
+static inline bool keel_many_cores(void) { return __atomic_load_n(&_keel_many_cores, __ATOMIC_RELAXED); }
 /* Parks a list of a whole batch of class cls (half: half a batch); false if the lines the
  * thread may use are full. The class is active (central.c). */
 bool _keel_transfer_put(unsigned cls, void* list, bool half) KEEL_INTERNAL;

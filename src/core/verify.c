@@ -112,8 +112,11 @@ void _keel_verify(void) {
     _keel_transfer_each(cls, verify_parked, &check_cls);
     keel_slab_t* cursor = cl->lend_cursor;
     bool cursor_found = cursor == NULL;
-    for (keel_slab_t* s = cl->partial; s != NULL; s = s->next) {
+    for (unsigned line = 0; line < KEEL_TRANSFER_LINES; line++)
+      VERIFY(((cl->partial_lines >> line) & 1) == (_keel_partial_head(cl, line) != NULL));
+    for (keel_slab_t* s = _keel_partial_first(cl); s != NULL; s = _keel_partial_next(cl, s)) {
       VERIFY(s->state == KEEL_UNIT_SLAB && s->cls == cls && s->in_partial && !s->sampled);
+      VERIFY(s->next == NULL || s->next->home == s->home);
       VERIFY(s->used < kc->count);
       cursor_found |= s == cursor;
     }

@@ -1,0 +1,115 @@
+/* many_cores.c -- the many-core policies (transfer.h, "many processors"), on any machine:
+ * run with KEEL_CPUS=16, Keel sizes its per-processor structures for sixteen processors.
+ * Two threads pinned to two processors (the test skips what needs two where it has one):
+ *   - a thread that allocates a query's working set of one size and frees it all, over
+ *     and over, leaves batches on its own transfer line only (at most a line's seven
+ *     slots), the rest going to its slabs, which are on its line's list;
+ *   - a thread on another line whose list is empty takes over one of those slabs rather
+ *     than a new one;
+ *   - the heap passes _keel_verify (every partial slab on its home line's list). */
+#include <pthread.h>
+#include <sched.h>
+
+#include "core/internal.h"
+#include "test.h"
+
+enum { SIZE = 512, SET = 600, ROUNDS = 20, LINE_SLOTS = 7 };
+
+static unsigned cls;
+
+static bool pin(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
+}
+
+static unsigned home_list_of(void* p) {
+  keel_chunk_t* c = keel_chunk_of(p);
+  return keel_span_head(c, keel_unit_index(p))->home;
+}
+
+typedef struct {
+  int cpu;
+  unsigned line;
+  void* first;
+  uint32_t slabs_before, slabs_after;
+} worker_t;
+
+static void* working_sets(void* arg) {
+  worker_t* w = arg;
+  pin(w->cpu);
+  void* blocks[SET];
+  for (int r = 0; r < ROUNDS; r++) {
+    for (int i = 0; i < SET; i++) blocks[i] = malloc(SIZE);
+    for (int i = 0; i < SET; i++) free(blocks[i]);
+  }
+  w->line = _keel_transfer_home();
+  return NULL;
+}
+
+static void* one_block(void* arg) {
+  worker_t* w = arg;
+  pin(w->cpu);
+  w->line = _keel_transfer_home();
+  w->slabs_before = __atomic_load_n(&keel_central_of(cls)->slabs, __ATOMIC_RELAXED);
+  w->first = malloc(SIZE); /* a young thread's take: one block, from the slabs */
+  w->slabs_after = __atomic_load_n(&keel_central_of(cls)->slabs, __ATOMIC_RELAXED);
+  return NULL;
+}
+
+static void run(void* (*fn)(void*), worker_t* w) {
+  pthread_t th;
+  CHECK(pthread_create(&th, NULL, fn, w) == 0);
+  pthread_join(th, NULL);
+}
+
+int main(void) {
+  _keel_init();
+  /* The main thread takes a cache, so the first worker's is the second: the process
+   * spreads over its lines then. */
+  for (int i = 0; i < 200; i++) free(malloc(32));
+  void* probe = malloc(SIZE);
+  cls = keel_pagemap_get(probe);
+  free(probe);
+  CHECK(cls > 0 && cls < KEEL_NUM_CLASSES);
+  const keel_class_t* k = &_keel_classes[cls];
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  sched_getaffinity(0, sizeof allowed, &allowed);
+  int cpu0 = -1, cpu1 = -1;
+  for (int c = 0; c < CPU_SETSIZE && cpu1 < 0; c++)
+    if (CPU_ISSET(c, &allowed)) *(cpu0 < 0 ? &cpu0 : &cpu1) = c;
+
+  TEST_SECTION("a working set given back goes to its own line and its line's slabs");
+  worker_t a = {.cpu = cpu0};
+  run(working_sets, &a);
+  CHECK(keel_many_cores());
+  CHECK(_keel_transfer_blocks(cls) <= LINE_SLOTS * k->batch);
+  keel_central_t* cl = keel_central_of(cls);
+  keel_lock(&cl->lock);
+  CHECK(cl->partial_lines == 1u << a.line);
+  CHECK(_keel_partial_head(cl, a.line) != NULL);
+  keel_unlock(&cl->lock);
+
+  TEST_SECTION("a thread on another line takes over a slab rather than a new one");
+  if (cpu1 < 0) {
+    printf("   (one processor: skipped)\n");
+  } else {
+    worker_t b = {.cpu = cpu1};
+    run(one_block, &b);
+    if (b.line == a.line) {
+      printf("   (both processors on one line: skipped)\n");
+    } else {
+      CHECK(b.first != NULL);
+      CHECK(b.slabs_after == b.slabs_before);
+      CHECK(home_list_of(b.first) == b.line);
+      keel_lock(&cl->lock);
+      CHECK(cl->partial_lines & (1u << b.line));
+      keel_unlock(&cl->lock);
+    }
+    free(b.first);
+  }
+  _keel_verify();
+  return test_finish();
+}
