@@ -37,6 +37,7 @@ static int conf(void) {
   EXPECT_OPT("check", "0");
   EXPECT_OPT("child_purger", "4194304"); /* the default, 4M */
   EXPECT_OPT("fine_classes", "4194304"); /* the default, 4M */
+  EXPECT_OPT("cpus", "0");                /* the default: the processors the process has */
   return 0;
 }
 
