@@ -80,9 +80,9 @@ OPTIONS: tuple[KeelOption, ...] = (
                "Processors Keel sizes its per-processor structures for (transfer lines: one "
                "per processor, 4 to 16); 0: the processors the process may run on. From 5 "
                "the many-core policies are on: each size class's slabs with free blocks on "
-               "one list per processor, and batches of freed blocks kept on their "
-               "processor's line rather than handed to another core. Read once, when a "
-               "second thread starts working."),
+               "one list per processor, and, while the threads are no more than the "
+               "lines, batches of freed blocks kept on their processor's line rather than "
+               "handed to another core. Read once, when a second thread starts working."),
     KeelOption("KEEL_CHILD_PURGER", "size (K/M/G)", "4M",
                "A forked child starts its own purger thread only once it has taken this "
                "much memory in spans and huge blocks since the fork (0: at the fork): "

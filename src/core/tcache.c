@@ -42,9 +42,9 @@ static keel_tcache_t* registry;    /* live caches */
  * of one (4 KiB of RssAnon in every process, every PostgreSQL backend included). */
 static keel_tcache_t first_cache KEEL_ALWAYS_BSS;
 static keel_tcache_t* spare = &first_cache; /* caches of exited threads, for reuse */
-/* Caches in use or kept with their blocks (cache_budget's share): written under the
- * registry lock, read without it. */
-static uint64_t live_caches;
+/* Caches in use or kept with their blocks (cache_budget's share, the transfer cache's
+ * many-core policy): written under the registry lock, read without it. */
+uint64_t _keel_live_caches;
 static uint64_t live_threads, total_threads; /* threads seen, young or with a cache */
 static uint64_t last_start_tick;            /* purger tick at which a thread last started */
 
@@ -90,7 +90,7 @@ static uint32_t bin_batch(const keel_class_t* k, unsigned cls) {
  * free blocks, most of it in threads that wait for their next query. */
 #define CACHE_FLOOR (16u << 10)
 static size_t cache_budget(void) {
-  uint64_t own = keel_opt(tcache_bytes), live = __atomic_load_n(&live_caches, __ATOMIC_RELAXED);
+  uint64_t own = keel_opt(tcache_bytes), live = __atomic_load_n(&_keel_live_caches, __ATOMIC_RELAXED);
   uint64_t share = live > 1 ? keel_opt(tcache_total) / live : own;
   if (share < CACHE_FLOOR) share = CACHE_FLOOR;
   return share < own ? share : own;
@@ -197,8 +197,8 @@ static keel_tcache_t* tcache_create(void) {
   t->next = registry;
   if (registry) registry->prev = t;
   registry = t;
-  if (!kept) __atomic_store_n(&live_caches, live_caches + 1, __ATOMIC_RELAXED);
-  if (live_caches >= 2) _keel_transfer_spread();
+  if (!kept) __atomic_store_n(&_keel_live_caches, _keel_live_caches + 1, __ATOMIC_RELAXED);
+  if (_keel_live_caches >= 2) _keel_transfer_spread();
   if (was == THREAD_NEW) count_thread_start();
   keel_unlock(&registry_lock);
   _keel_prim_thread_bind(t);
@@ -278,7 +278,7 @@ void _keel_tcache_release_spares(uint64_t min_ticks) {
   keel_tcache_t* last = stale;
   for (keel_tcache_t* t = stale; t != NULL; last = t, t = t->next) {
     __atomic_store_n(&t->kept, false, __ATOMIC_RELAXED);
-    __atomic_store_n(&live_caches, live_caches - 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&_keel_live_caches, _keel_live_caches - 1, __ATOMIC_RELAXED);
   }
   last->next = spare;
   __atomic_store_n(&spare, stale, __ATOMIC_RELAXED);
@@ -315,7 +315,7 @@ static void on_thread_exit(void* value) {
   if (t->prev) t->prev->next = t->next;
   else registry = t->next;
   if (t->next) t->next->prev = t->prev;
-  if (!keep) __atomic_store_n(&live_caches, live_caches - 1, __ATOMIC_RELAXED);
+  if (!keep) __atomic_store_n(&_keel_live_caches, _keel_live_caches - 1, __ATOMIC_RELAXED);
   live_threads--;
   __atomic_store_n(&t->kept, keep, __ATOMIC_RELAXED);
   t->spare_since = now;
@@ -468,7 +468,7 @@ void _keel_tcache_after_fork_child(void) {
    * registry lock was held across the fork); a cache the purger was flushing is lost. */
   uint64_t counted = mine != &_keel_tc_empty ? 1 : 0;
   for (keel_tcache_t* t = spare; t != NULL; t = t->next) counted += t->kept;
-  __atomic_store_n(&live_caches, counted, __ATOMIC_RELAXED);
+  __atomic_store_n(&_keel_live_caches, counted, __ATOMIC_RELAXED);
   if (mine != &_keel_tc_empty) {
     mine->next = mine->prev = NULL;
     registry = mine;

@@ -96,6 +96,9 @@ extern keel_tcache_t _keel_tc_empty KEEL_INTERNAL;
  * key can never equal a pointer the program stored there. */
 extern uintptr_t _keel_free_key KEEL_INTERNAL;
 
+/* Thread caches in use, or kept with their blocks for the next thread (tcache.c). */
+extern uint64_t _keel_live_caches KEEL_INTERNAL;
+
 void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) KEEL_INTERNAL;
 void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) KEEL_INTERNAL;
 void _keel_tcache_flush(keel_tcache_t* t) KEEL_INTERNAL;

@@ -83,9 +83,12 @@ bool _keel_transfer_put(unsigned cls, void* list, bool half) {
   unsigned used = _keel_transfer_lines(), cap = line_cap(k, used), home = home_line(used);
   keel_assert(_keel_central_active(cls) && ((uintptr_t)list & 1) == 0);
   void* entry = (void*)((uintptr_t)list | (half ? 1u : 0u));
-  /* On many cores every line has a core behind it: a batch that does not fit on the
-   * thread's own line goes to its slabs (its own, central.c), not to another core. */
-  unsigned tries = keel_many_cores() ? 1 : used;
+  /* On many cores, while the thread caches fit the lines (each thread likely alone on
+   * its processor: where this was measured), a batch that does not fit on the thread's
+   * own line goes to its slabs (its line's, central.c), not to another core. Threads
+   * that outnumber the lines share them, and the other lines are the room for bursts,
+   * as on few cores. */
+  unsigned tries = keel_many_cores() && __atomic_load_n(&_keel_live_caches, __ATOMIC_RELAXED) <= used ? 1 : used;
   for (unsigned i = 0; i < tries; i++) {
     transfer_line_t* l = line_of((home + i) & (used - 1), cls);
     for (unsigned s = 0; s < cap; s++) {
