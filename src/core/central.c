@@ -538,7 +538,8 @@ static KEEL_NOINLINE void slab_put_bits(keel_central_t* cl, unsigned cls, keel_s
       slab_release(cls, s);
       return;
     }
-    if (!s->in_partial && (s->sampled ? cl->sampled_partial != NULL : cl->partial_lines != 0) && slab_releasable(s)) {
+    bool others = s->sampled ? cl->sampled_partial != NULL : cl->partial_lines != 0;
+    if (!s->in_partial && others && slab_releasable(s)) {
       slab_release(cls, s);
       return;
     }

@@ -305,7 +305,8 @@ static size_t mesh_group(unsigned cls, const uintptr_t* cand, unsigned ncand) {
     if (keel_pagemap_get((void*)a) != cls) continue;
     keel_chunk_t* ch = keel_chunk_of((void*)a);
     keel_slab_t* s = keel_span_head(ch, keel_unit_index((void*)a));
-    if (s->in_partial && s->prev == NULL) continue; /* a home line's refills come from it: it would be written soon */
+    /* A home line's refills come from the head of its list: it would be written soon. */
+    if (s->in_partial && s->prev == NULL) continue;
     uintptr_t b = (uintptr_t)keel_unit_addr(ch, (unsigned)(s - ch->units));
     if (n == 0) {
       off = a - b;

@@ -88,7 +88,8 @@ bool _keel_transfer_put(unsigned cls, void* list, bool half) {
    * own line goes to its slabs (its line's, central.c), not to another core. Threads
    * that outnumber the lines share them, and the other lines are the room for bursts,
    * as on few cores. */
-  unsigned tries = keel_many_cores() && __atomic_load_n(&_keel_live_caches, __ATOMIC_RELAXED) <= used ? 1 : used;
+  bool own_line = keel_many_cores() && __atomic_load_n(&_keel_live_caches, __ATOMIC_RELAXED) <= used;
+  unsigned tries = own_line ? 1 : used;
   for (unsigned i = 0; i < tries; i++) {
     transfer_line_t* l = line_of((home + i) & (used - 1), cls);
     for (unsigned s = 0; s < cap; s++) {
