@@ -30,17 +30,18 @@ static transfer_line_t lines[KEEL_TRANSFER_LINES][KEEL_NUM_CLASSES] KEEL_SPARSE_
 static unsigned line_count = 1; /* power of two: 1, then 4..16 once the process spreads */
 static bool spread;             /* a second thread cache exists: use every line */
 
-/* A line per processor, at least four: past its own line a thread overflows onto the
- * others, so on two cores the two lines no core starts on are room for the bursts of a
- * class many threads trade in. Counted when a second thread cache appears (the registry
- * lock held), so a single-threaded process makes no system call for it; published
- * before `spread`, which readers load first. */
-bool _keel_many_cores;
+bool _keel_many_cores; /* transfer.h */
 
+/* A line per processor (or per KEEL_CPUS), at least four: past its own line a thread
+ * overflows onto the others, so on two cores the two lines no core starts on are room
+ * for the bursts of a class many threads trade in. Counted when a second thread cache
+ * appears (the registry lock held), so a single-threaded process makes no system call
+ * for it; published before `spread`, which readers load first. */
 void _keel_transfer_spread(void) {
   if (__atomic_load_n(&spread, __ATOMIC_ACQUIRE)) return;
   uint64_t asked = keel_opt(cpus);
-  unsigned cpus = asked != 0 ? (unsigned)(asked < 1024 ? asked : 1024) : _keel_prim_cpu_count(), n = 4;
+  unsigned cpus = asked == 0 ? _keel_prim_cpu_count() : asked < KEEL_TRANSFER_LINES ? (unsigned)asked : KEEL_TRANSFER_LINES;
+  unsigned n = 4;
   while (n < cpus && n < KEEL_TRANSFER_LINES) n *= 2;
   __atomic_store_n(&line_count, n, __ATOMIC_RELAXED);
   __atomic_store_n(&_keel_many_cores, n >= KEEL_MANY_CORES_LINES, __ATOMIC_RELAXED);
