@@ -40,7 +40,9 @@ bool _keel_many_cores; /* transfer.h */
 void _keel_transfer_spread(void) {
   if (__atomic_load_n(&spread, __ATOMIC_ACQUIRE)) return;
   uint64_t asked = keel_opt(cpus);
-  unsigned cpus = asked == 0 ? _keel_prim_cpu_count() : asked < KEEL_TRANSFER_LINES ? (unsigned)asked : KEEL_TRANSFER_LINES;
+  unsigned cpus = asked == 0                    ? _keel_prim_cpu_count()
+                  : asked < KEEL_TRANSFER_LINES ? (unsigned)asked
+                                                : KEEL_TRANSFER_LINES;
   unsigned n = 4;
   while (n < cpus && n < KEEL_TRANSFER_LINES) n *= 2;
   __atomic_store_n(&line_count, n, __ATOMIC_RELAXED);
