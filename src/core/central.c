@@ -588,12 +588,14 @@ typedef struct put_run_s {
   uint32_t n;
 } put_run_t;
 
-/* Groups list into at most PUT_RUNS runs; returns what is left of it. A block twice in
- * a run is a double free; held is the class's central list if its lock is held. */
-static void* group_list(keel_central_t* held, unsigned cls, void* list, put_run_t* runs, unsigned* nruns) {
+/* Groups list into at most PUT_RUNS runs, taking at most *left of its blocks (counted
+ * down); returns what is left of it. A block twice in a run is a double free; held is
+ * the class's central list if its lock is held. */
+static void* group_list(keel_central_t* held, unsigned cls, void* list, uint32_t* left, put_run_t* runs,
+                        unsigned* nruns) {
   const keel_class_t* k = &_keel_classes[cls];
   unsigned r = 0;
-  while (list != NULL && r < PUT_RUNS) {
+  while (list != NULL && *left != 0 && r < PUT_RUNS) {
     void* p = list;
     size_t idx;
     keel_slab_t* s = slab_of_block(held, cls, p, &idx);
@@ -607,6 +609,10 @@ static void* group_list(keel_central_t* held, unsigned cls, void* list, put_run_
       if (mask & bit) double_free(held, cls, p);
       mask |= bit;
       void* next = keel_link_next(p, cls);
+      if (--*left == 0) { /* the rest is the caller's (a bin's own blocks) */
+        list = next;
+        break;
+      }
       uintptr_t off = (uintptr_t)next - first;
       uint64_t j = ((uint64_t)off * k->div_magic) >> 40;
       if (next == NULL || off >= span || j * k->size != off) {
@@ -642,31 +648,53 @@ static void put_runs(keel_central_t* cl, unsigned cls, const put_run_t* runs, un
 void _keel_slab_put_list(keel_central_t* cl, unsigned cls, void* list) {
   put_run_t runs[PUT_RUNS];
   unsigned n;
+  uint32_t left = UINT32_MAX;
   while (list != NULL) {
-    list = group_list(cl, cls, list, runs, &n);
+    list = group_list(cl, cls, list, &left, runs, &n);
     put_runs(cl, cls, runs, n);
   }
 }
 
-void _keel_central_give(unsigned cls, void* list, uint32_t n) {
-  const keel_class_t* k = &_keel_classes[cls];
-  if (k->transfer_max > 0 && (n == k->batch || n == half_of(k)) && _keel_transfer_put(cls, list, n != k->batch))
-    return;
-  _keel_central_give_slabs(cls, list);
-}
-
-void _keel_central_give_slabs(unsigned cls, void* list) {
+/* The first n blocks of list go back to their slabs; returns the rest of the list. */
+static void* give_slabs_front(unsigned cls, void* list, uint32_t n) {
   keel_central_t* cl = keel_central_of(cls);
   put_run_t runs[PUT_RUNS];
   unsigned nruns;
-  while (list != NULL) {
-    list = group_list(NULL, cls, list, runs, &nruns);
+  while (list != NULL && n != 0) {
+    list = group_list(NULL, cls, list, &n, runs, &nruns);
     keel_lock(&cl->lock);
     count_trip(cl);
     put_runs(cl, cls, runs, nruns);
     keel_unlock(&cl->lock);
   }
+  return list;
 }
+
+/* A whole or half batch may park in the transfer cache. */
+static inline bool parkable(const keel_class_t* k, uint32_t n) {
+  return k->transfer_max > 0 && (n == k->batch || n == half_of(k));
+}
+
+void _keel_central_give(unsigned cls, void* list, uint32_t n) {
+  const keel_class_t* k = &_keel_classes[cls];
+  if (parkable(k, n) && _keel_transfer_put(cls, list, n != k->batch)) return;
+  _keel_central_give_slabs(cls, list);
+}
+
+void* _keel_central_give_front(unsigned cls, void* list, uint32_t n) {
+  const keel_class_t* k = &_keel_classes[cls];
+  /* Cut off (a walk of n blocks) only for the transfer cache: a batch for the slabs is
+   * grouped in the same walk. */
+  void** slot = parkable(k, n) ? _keel_transfer_room(cls) : NULL;
+  if (slot == NULL) return give_slabs_front(cls, list, n);
+  void* last = keel_list_nth_tail(list, n, cls);
+  void* rest = keel_link_next(last, cls);
+  keel_link_set(last, NULL);
+  if (!_keel_transfer_put_at(slot, cls, list, n != k->batch)) _keel_central_give_slabs(cls, list);
+  return rest;
+}
+
+void _keel_central_give_slabs(unsigned cls, void* list) { give_slabs_front(cls, list, UINT32_MAX); }
 
 struct find_s {
   void* p;

@@ -95,6 +95,8 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) KEEL_INTERN
 void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) KEEL_INTERNAL;
 /* Gives back a NULL-terminated list of n blocks of class cls. */
 void _keel_central_give(unsigned cls, void* list, uint32_t n) KEEL_INTERNAL;
+/* Gives back the first n blocks of a list of class cls (a bin's); returns the rest. */
+void* _keel_central_give_front(unsigned cls, void* list, uint32_t n) KEEL_INTERNAL;
 /* The same straight to the slabs, past the transfer cache (blocks no thread wanted for a
  * while: their slabs can then empty and be released). */
 void _keel_central_give_slabs(unsigned cls, void* list) KEEL_INTERNAL;

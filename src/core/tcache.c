@@ -236,7 +236,7 @@ static void bin_give_back(keel_tcache_t* t, unsigned cls, bool keep_rest) {
   for (uint32_t left = (uint32_t)(t->bin[cls].max - t->bin[cls].avail); left > 0;) {
     uint32_t n = left < batch ? left : batch;
     if (n < batch && keep_rest) return;
-    _keel_central_give(cls, keel_bin_cut(t, cls, n), n);
+    keel_bin_set_first(t, cls, _keel_central_give_front(cls, keel_bin_first(t, cls), n));
     t->bin[cls].avail += n;
     left -= n;
   }
@@ -430,9 +430,8 @@ void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
        * the transfer cache); walking n blocks, not the whole bin. */
       uint32_t batch = bin_batch(k, cls);
       uint32_t count = t->bin[cls].max, n = count < batch ? count : batch;
-      void* list = keel_bin_cut(t, cls, n);
+      keel_bin_set_first(t, cls, _keel_central_give_front(cls, keel_bin_first(t, cls), n));
       t->bin[cls].avail += n;
-      _keel_central_give(cls, list, n);
       bin_shrink(t, cls, n);
     }
   }

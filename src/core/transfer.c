@@ -81,11 +81,10 @@ static inline void stamp(transfer_line_t* l) {
   if (__atomic_load_n(&l->touched, __ATOMIC_RELAXED) != now) __atomic_store_n(&l->touched, now, __ATOMIC_RELAXED);
 }
 
-bool _keel_transfer_put(unsigned cls, void* list, bool half) {
+/* The first empty slot a put may use, or NULL. */
+static void** empty_slot(unsigned cls) {
   const keel_class_t* k = &_keel_classes[cls];
   unsigned used = _keel_transfer_lines(), cap = line_cap(k, used), home = home_line(used);
-  keel_assert(_keel_central_active(cls) && ((uintptr_t)list & 1) == 0);
-  void* entry = (void*)((uintptr_t)list | (half ? 1u : 0u));
   /* On many cores, while the thread caches fit the lines (each thread likely alone on
    * its processor: where this was measured), a batch that does not fit on the thread's
    * own line goes to its slabs (its line's, central.c), not to another core. Threads
@@ -95,17 +94,36 @@ bool _keel_transfer_put(unsigned cls, void* list, bool half) {
   unsigned tries = own_line ? 1 : used;
   for (unsigned i = 0; i < tries; i++) {
     transfer_line_t* l = line_of((home + i) & (used - 1), cls);
-    for (unsigned s = 0; s < cap; s++) {
-      void* expected = NULL;
-      /* release: the getter sees the links written into the batch's blocks */
-      if (__atomic_load_n(&l->slot[s], __ATOMIC_RELAXED) == NULL &&
-          __atomic_compare_exchange_n(&l->slot[s], &expected, entry, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {
-        stamp(l);
-        return true;
-      }
-    }
+    for (unsigned s = 0; s < cap; s++)
+      if (__atomic_load_n(&l->slot[s], __ATOMIC_RELAXED) == NULL) return &l->slot[s];
   }
+  return NULL;
+}
+
+/* Parks entry in slot, if it is still empty. */
+static bool park_at(void** slot, void* entry) {
+  void* expected = NULL;
+  /* release: the getter sees the links written into the batch's blocks */
+  if (!__atomic_compare_exchange_n(slot, &expected, entry, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) return false;
+  /* the slot's line: slots are 8-byte words of a 64-byte line */
+  stamp((transfer_line_t*)((uintptr_t)slot & ~(uintptr_t)63));
+  return true;
+}
+
+static inline void* entry_of(void* list, bool half) { return (void*)((uintptr_t)list | (half ? 1u : 0u)); }
+
+bool _keel_transfer_put(unsigned cls, void* list, bool half) {
+  keel_assert(_keel_central_active(cls) && ((uintptr_t)list & 1) == 0);
+  for (void** slot; (slot = empty_slot(cls)) != NULL;)
+    if (park_at(slot, entry_of(list, half))) return true;
   return false;
+}
+
+void** _keel_transfer_room(unsigned cls) { return empty_slot(cls); }
+
+bool _keel_transfer_put_at(void** slot, unsigned cls, void* list, bool half) {
+  keel_assert(_keel_central_active(cls) && ((uintptr_t)list & 1) == 0);
+  return park_at(slot, entry_of(list, half)) || _keel_transfer_put(cls, list, half);
 }
 
 static inline void* entry_list(void* e, const keel_class_t* k, uint32_t* n) {

@@ -29,6 +29,10 @@ static inline bool keel_many_cores(void) { return __atomic_load_n(&_keel_many_co
 /* Parks a list of a whole batch of class cls (half: half a batch); false if the lines the
  * thread may use are full. The class is active (central.c). */
 bool _keel_transfer_put(unsigned cls, void* list, bool half) KEEL_INTERNAL;
+/* The empty slot a put would take now, or NULL (a hint: another thread may fill it), and
+ * a put that tries that slot first. */
+void** _keel_transfer_room(unsigned cls) KEEL_INTERNAL;
+bool _keel_transfer_put_at(void** slot, unsigned cls, void* list, bool half) KEEL_INTERNAL;
 /* A parked list of cls and its length (a batch or half of one), or NULL. */
 void* _keel_transfer_get(unsigned cls, uint32_t* n) KEEL_INTERNAL;
 bool _keel_transfer_any(unsigned cls) KEEL_INTERNAL; /* a hint: something is parked */
