@@ -326,19 +326,21 @@ static inline void taken_add(taken_t* t, char* base, unsigned w, uint64_t bits) 
   t->runs++;
 }
 
-/* No lock: the taken blocks as a list, in slab order. */
+/* No lock: the taken blocks as a list, in slab order. Each block's link is written as
+ * the next is found; the first is "linked" from a word on the stack, so the loop has no
+ * branch for it, and the key is read once (a store through a block could alias it). */
 static void* taken_link(const taken_t* t) {
-  void* first = NULL;
-  void* last = NULL;
+  uintptr_t key = keel_link_key(), head_word;
+  uintptr_t last = (uintptr_t)&head_word;
   for (unsigned r = 0; r < t->runs; r++)
     for (uint64_t m = t->run[r].bits; m != 0; m &= m - 1) {
-      void* obj = (void*)(t->run[r].first + (uintptr_t)__builtin_ctzll(m) * t->size);
-      if (last != NULL) keel_link_set(last, obj);
-      else first = obj;
+      uintptr_t obj = t->run[r].first + (uintptr_t)__builtin_ctzll(m) * t->size;
+      *(uintptr_t*)last = KEEL_LINK_ENCODING ? obj ^ key ^ last : obj;
       last = obj;
     }
-  if (last != NULL) keel_link_set(last, NULL);
-  return first;
+  if (last == (uintptr_t)&head_word) return NULL;
+  keel_link_set((void*)last, NULL);
+  return (void*)(KEEL_LINK_ENCODING ? head_word ^ key ^ (uintptr_t)&head_word : head_word);
 }
 
 /* Takes want (< a group) blocks from one wholly free group, if the slab has one. */
@@ -377,8 +379,15 @@ static uint32_t slab_take(keel_slab_t* s, unsigned cls, uint32_t want, taken_t* 
       bits = 0;
       got += free_here;
     } else {
-      for (; got < want; got++) bits &= bits - 1; /* the lowest want - got blocks */
-      mask ^= bits;
+      uint64_t low = bits & (0 - bits);
+      if (((bits + low) & bits) == 0) { /* one run of free blocks (a new slab's words) */
+        mask = (((uint64_t)1 << (want - got)) - 1) * low;
+        bits ^= mask;
+        got = want;
+      } else {
+        for (; got < want; got++) bits &= bits - 1; /* the lowest want - got blocks */
+        mask ^= bits;
+      }
     }
     *word = bits;
     if (mask != 0) taken_add(taken, base, w, mask);
