@@ -231,6 +231,24 @@ def test_bench_threads_blocks(tmp_path):
     assert r.returncode != 0 and "blocks must be 0-24" in r.stdout + r.stderr
 
 
+def test_bench_threads_work(tmp_path):
+    """work makes each thread allocate and free blocks before it parks: glibc keeps its
+    tcache (up to 7 chunks of each size up to 1 KiB) and its arena's free chunks, so a
+    burst of 512 blocks of 16 B - 1 KiB costs a parked thread more than no work at all,
+    by at least 16 KiB (about 260 KiB go through each thread's hands)."""
+    per = {}
+    for work in ("0", "512"):
+        out = tmp_path / f"w{work}.json"
+        r = keel("bench", "threads", "--set", "threads.counts=16", "--set", f"threads.work={work}",
+                 "--set", "threads.work_burst=1", "--allocators", "glibc", "--rounds", "1",
+                 "--out", str(out), timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        res = load(out)["suites"]["threads"]["runs"][0]["result"]
+        assert res["params"]["work"] == int(work) and res["params"]["work_burst"] == 1
+        per[work] = res["metrics"]["rss_per_thread_kib"]
+    assert per["512"] - per["0"] >= 16, per
+
+
 def test_bench_bad_set_and_missing_allocator(tmp_path):
     r = keel("bench", "threads", "--set", "nodot=1", "--allocators", "glibc")
     assert r.returncode == 2 and "SUITE.KEY=VALUE" in r.stderr
@@ -417,6 +435,8 @@ def test_results_file_that_cannot_be_rewritten_mid_bench(fake, tmp_path):
     ("threads.settle_ms=x", "threads: option settle_ms='x'"),
     ("threads.counts=1,x", "threads: bad counts"),
     ("threads.blocks=25", "threads: blocks must be 0-24, not 25"),
+    ("threads.work=-1", "threads: option work='-1'"),
+    ("threads.work_burst=2", "threads: work_burst must be 0 or 1, not 2"),
 ])
 def test_bad_set_value_is_one_line_before_anything_runs(tmp_path, capsys, nothing_runs,
                                                        setting, message):

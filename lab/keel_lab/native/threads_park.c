@@ -1,6 +1,6 @@
 /* threads_park -- how much memory does an allocator keep per thread?
  *
- * Usage: threads_park N [STACK_KIB [BLOCKS]]
+ * Usage: threads_park N [STACK_KIB [BLOCKS [WORK [BURST]]]]
  * Protocol on stdin/stdout (the lab's `threads` suite drives it and reads VmRSS from
  * /proc/PID/status at each step):
  *   1. main does the same small allocations a thread does (so the allocator and its
@@ -12,6 +12,10 @@
  *      condition variable; when all N are parked main prints "parked <nanoseconds>";
  *   3. on the next line (or EOF) the threads are released, free what they hold and
  *      exit; main joins them and prints "done checksum=<hex>".
+ * With WORK > 0 each thread first works: it allocates and frees WORK blocks of 16 B to
+ * 1 KiB (pseudo-random sizes, written), one at a time, or with BURST=1 all of them
+ * and then all of them freed (a query's working set) - what a pooled connection thread
+ * did before it waits for its next client.
  * Threads get STACK_KIB of stack (default 256, about what database servers use:
  * MariaDB's thread_stack is 292 KiB), so virtual memory stays small with 4096 threads.
  * If a thread cannot be created, main prints "error <count created> <reason>" and
@@ -28,6 +32,8 @@
 
 #define BLOCKS 24 /* the most, and the default */
 static int nblocks = BLOCKS;
+static long nwork = 0;
+static int burst = 0;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t parked_cv = PTHREAD_COND_INITIALIZER;
@@ -59,10 +65,38 @@ static uint64_t work(long id, void** keep) {
   return sum;
 }
 
+/* WORK blocks of 16 B - 1 KiB allocated and freed, one at a time or in a burst. */
+static uint64_t churn(long id) {
+  uint64_t sum = 0, x = 0x9e3779b97f4a7c15ull * (uint64_t)(id + 2);
+  void** held = burst && nwork > 0 ? malloc((size_t)nwork * sizeof *held) : NULL;
+  if (burst && nwork > 0 && !held) {
+    fprintf(stderr, "threads_park: malloc of the burst's array failed\n");
+    exit(3);
+  }
+  for (long i = 0; i < nwork; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    size_t n = 16 + (size_t)(x % 1009);
+    unsigned char* p = malloc(n);
+    if (!p) {
+      fprintf(stderr, "threads_park: malloc(%zu) failed\n", n);
+      exit(3);
+    }
+    memset(p, (int)(i & 0xff), n);
+    sum += p[n / 2] + n;
+    if (held) held[i] = p;
+    else free(p);
+  }
+  if (held) {
+    for (long i = 0; i < nwork; i++) free(held[i]);
+    free(held);
+  }
+  return sum;
+}
+
 static void* thread_main(void* arg) {
   long id = (long)(intptr_t)arg;
   void* keep[BLOCKS];
-  uint64_t sum = work(id, keep);
+  uint64_t sum = churn(id) + work(id, keep);
   pthread_mutex_lock(&mu);
   parked++;
   checksum += sum;
@@ -86,13 +120,16 @@ static uint64_t now_ns(void) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: %s N [STACK_KIB [BLOCKS]]\n", argv[0]);
+    fprintf(stderr, "usage: %s N [STACK_KIB [BLOCKS [WORK [BURST]]]]\n", argv[0]);
     return 1;
   }
   long n = strtol(argv[1], NULL, 10);
   long stack_kib = argc > 2 ? strtol(argv[2], NULL, 10) : 256;
   long blocks = argc > 3 ? strtol(argv[3], NULL, 10) : BLOCKS;
-  if (n < 0 || n > 1000000 || stack_kib < 64 || blocks < 0 || blocks > BLOCKS) {
+  nwork = argc > 4 ? strtol(argv[4], NULL, 10) : 0;
+  burst = argc > 5 ? (int)strtol(argv[5], NULL, 10) : 0;
+  if (n < 0 || n > 1000000 || stack_kib < 64 || blocks < 0 || blocks > BLOCKS || nwork < 0 ||
+      nwork > 1000000 || burst < 0 || burst > 1) {
     fprintf(stderr, "threads_park: bad arguments\n");
     return 1;
   }

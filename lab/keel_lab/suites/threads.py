@@ -16,11 +16,17 @@ blocks=0 the threads allocate nothing themselves (glibc's thread start still cal
 calloc): the floor a thread costs; blocks=1 is one block per thread (16 B to 4 KiB by
 thread, 900 B on average, a third of the threads freeing theirs again).
 
+With work=W each thread first works before it allocates its blocks and parks: it
+allocates and frees W blocks of 16 B - 1 KiB (random sizes), one at a time, or with
+work_burst=1 all W and then all of them freed - a pooled connection thread that ran a
+query and now waits for its next client. What its allocator keeps for it then shows
+(free blocks in its cache, arenas).
+
 Metrics: "rss_per_thread_kib" (at the largest N), "rss_peak_kib" (RSS with the largest
 N parked), "start_ms" (time for the largest N to start, allocate and park), and per N
 "n<N>.rss_per_thread_kib"; "points" has the whole sweep (x = threads).
-Options: counts=1,16,256  stack_kib=256  blocks=24 (0-24)  settle_ms=150 (wait before
-reading RSS).
+Options: counts=1,16,256  stack_kib=256  blocks=24 (0-24)  work=0  work_burst=0 (0/1)
+settle_ms=150 (wait before reading RSS).
 """
 from __future__ import annotations
 
@@ -107,11 +113,21 @@ class ThreadsSuite(Suite):
     def settle_s(self, ctx: SuiteContext) -> float:
         return self._number(ctx, "settle_ms", 150, float) / 1000
 
+    def work(self, ctx: SuiteContext) -> tuple[int, int]:
+        work = self._number(ctx, "work", 0, int)
+        burst = self._number(ctx, "work_burst", 0, int)
+        if work > 1_000_000:
+            raise SuiteError(f"threads: work must be at most 1000000, not {work}")
+        if burst > 1:
+            raise SuiteError(f"threads: work_burst must be 0 or 1, not {burst}")
+        return work, burst
+
     def check_options(self, ctx: SuiteContext) -> None:
         self.counts(ctx)
         self.blocks(ctx)
         self.stack_kib(ctx)
         self.settle_s(ctx)
+        self.work(ctx)
 
     def check(self, ctx: SuiteContext) -> None:
         self.check_options(ctx)
@@ -123,11 +139,12 @@ class ThreadsSuite(Suite):
         stack_kib = self.stack_kib(ctx)
         blocks = self.blocks(ctx)
         settle = self.settle_s(ctx)
+        work = self.work(ctx)
         points, metrics, notes = [], {}, []
         for i, n in enumerate(counts):
             ctx.progress(f"{n} threads", i / len(counts))
             try:
-                pt = self._one(ctx, exe, n, stack_kib, blocks, settle)
+                pt = self._one(ctx, exe, n, stack_kib, blocks, settle, work)
             except _TooMany as e:
                 notes.append(f"stopped at {n} threads: {e}")
                 break
@@ -147,14 +164,16 @@ class ThreadsSuite(Suite):
             "points": points,
             "x_label": "threads",
             "headline": {"speed": "start_ms", "memory": "rss_per_thread_kib"},
-            "params": {"counts": counts, "stack_kib": stack_kib, "blocks": blocks},
+            "params": {"counts": counts, "stack_kib": stack_kib, "blocks": blocks,
+                       "work": work[0], "work_burst": work[1]},
             "notes": notes,
         }
 
     def _one(self, ctx: SuiteContext, exe: Path, n: int, stack_kib: int, blocks: int,
-             settle: float) -> dict:
-        timeout = 30 + n / 50
-        p = subprocess.Popen([str(exe), str(n), str(stack_kib), str(blocks)], cwd=ctx.workdir,
+             settle: float, work: tuple[int, int] = (0, 0)) -> dict:
+        timeout = 30 + n / 50 + n * work[0] / 2e5
+        p = subprocess.Popen([str(exe), str(n), str(stack_kib), str(blocks), str(work[0]),
+                              str(work[1])], cwd=ctx.workdir,
                              env=ctx.allocator.env(), stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              start_new_session=True)
