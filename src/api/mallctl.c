@@ -44,11 +44,11 @@ static void snap_collect(je_snap_t* o) {
     o->out[cls] = o->batched[cls] = o->slabs[cls] = 0;
     if (!_keel_central_active(cls)) continue; /* all zero, and its page maybe untouched */
     keel_central_t* cl = keel_central_of(cls);
-    keel_lock(&cl->lock);
-    o->out[cls] = cl->out;
+    _keel_central_lock_class(cl);
+    o->out[cls] = _keel_central_out(cl);
     o->batched[cls] = _keel_central_parked_blocks(cls);
     o->slabs[cls] = cl->slabs;
-    keel_unlock(&cl->lock);
+    _keel_central_unlock_class(cl);
   }
 }
 

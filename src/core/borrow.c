@@ -3,7 +3,8 @@
  *
  * Its own file because it is a policy on top of the free lists (central.c), not a part
  * of them: it runs only when a class would otherwise take a new slab, and it reaches
- * into the lists through slab.h alone. */
+ * into the lists through slab.h alone. Its searches and the carved blocks' frees are
+ * cold code (src/hot_text.ld): a process that never borrows never maps them. */
 #include "core/slab.h"
 
 /* ---- borrowing -----------------------------------------------------------------------
@@ -77,8 +78,8 @@ static long slab_take_hole(keel_slab_t* s, const keel_class_t* k, unsigned* budg
 __attribute__((no_sanitize("thread"))) static bool can_lend(const keel_central_t* cl, const keel_class_t* k,
                                                             uint32_t now, uint32_t cold) {
   if (now - __atomic_load_n(&cl->take_tick, __ATOMIC_RELAXED) >= cold) return true;
-  uint64_t blocks = (uint64_t)cl->slabs * k->count;
-  return blocks > cl->out && (blocks - cl->out) * KEEL_BORROW_FREE_SHARE >= blocks;
+  uint64_t blocks = (uint64_t)cl->slabs * k->count, out = _keel_central_out(cl);
+  return blocks > out && (blocks - out) * KEEL_BORROW_FREE_SHARE >= blocks;
 }
 
 /* Whether borrowing is on at all; sets the purger's clock and cold threshold. */
@@ -188,7 +189,7 @@ static void* carve_take_block(unsigned cls, keel_carve_t* d) {
 
 /* A hole of class lender (see slab_take_hole), if it can lend one now; NULL if not.
  * With carve, the hole is marked carved in its slab (below) under the lender's lock. */
-static void* take_hole(unsigned lender, uint32_t now, uint32_t cold, bool carve) {
+static KEEL_COLD void* take_hole(unsigned lender, uint32_t now, uint32_t cold, bool carve) {
   keel_central_t* cl = keel_central_of(lender);
   const keel_class_t* k = &_keel_classes[lender];
   if (__atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) == 0 || !can_lend(cl, k, now, cold) ||
@@ -197,7 +198,7 @@ static void* take_hole(unsigned lender, uint32_t now, uint32_t cold, bool carve)
   unsigned budget = BORROW_CANDIDATES;
   /* Never wait for a lender: threads that borrow at once, or a lender busy with its
    * own traffic, make this request take a slab as it would have. */
-  if (!keel_trylock(&cl->lock)) return NULL;
+  if (!_keel_central_trylock_class(cl)) return NULL;
   long idx = -1;
   /* The search goes round the partial list from where the last one stopped, so the
    * slabs at its head, once lent out, do not end every search. */
@@ -217,15 +218,15 @@ static void* take_hole(unsigned lender, uint32_t now, uint32_t cold, bool carve)
       KEEL_SLAB_BITS(s, idx / 64) |= (uint64_t)1 << (idx % 64);
       s->used--;
     }
-    keel_unlock(&cl->lock);
+    _keel_central_unlock_class(cl);
     __atomic_store_n(&cl->lend_miss_tick, now + 1, __ATOMIC_RELAXED);
     return NULL;
   }
   void** p = (void**)((char*)slab_base(keel_chunk_of(s), s) + (size_t)idx * k->size);
   if (s->used == k->count) _keel_slab_became_full(cl, s, k);
-  cl->out++;
+  _keel_central_out_add(_keel_central_home(cl, s->home), 1);
   bool exhausted = cl->partial_lines == 0;
-  keel_unlock(&cl->lock);
+  _keel_central_unlock_class(cl);
   if (KEEL_UNLIKELY(exhausted && __atomic_load_n(&_keel_class_group_pending[lender], __ATOMIC_RELAXED)))
     _keel_classes_coarse_exhausted(lender);
   p[1] = NULL;
@@ -246,13 +247,24 @@ void* _keel_central_borrow(unsigned cls) {
   return NULL;
 }
 
+static KEEL_COLD void* carve(unsigned cls);
+
+/* Every class about to take a new slab asks: the answer is a quick no unless it has
+ * carved holes or borrowing is on (the rest is cold code). */
 void* _keel_central_carve(unsigned cls) {
+  keel_central_t* cl = keel_central_of(cls);
+  uint32_t now, cold;
+  if (__atomic_load_n(&cl->carve_partial, __ATOMIC_RELAXED) == NULL && !borrowing(&now, &cold)) return NULL;
+  return carve(cls);
+}
+
+static void* carve(unsigned cls) {
   const keel_class_t* kc = &_keel_classes[cls];
   keel_central_t* cl = keel_central_of(cls);
   if (__atomic_load_n(&cl->carve_partial, __ATOMIC_RELAXED) != NULL) {
-    keel_lock(&cl->lock);
+    _keel_central_lock_class(cl);
     void* p = cl->carve_partial != NULL ? carve_take_block(cls, cl->carve_partial) : NULL;
-    keel_unlock(&cl->lock);
+    _keel_central_unlock_class(cl);
     if (p != NULL) return p;
   }
   uint32_t now, cold;
@@ -275,7 +287,7 @@ void* _keel_central_carve(unsigned cls) {
     cl = lock_class(cls); /* it may activate cls: its entry moves from slot 0 */
     carve_list_push(cls, d);
     void* p = carve_take_block(cls, d);
-    keel_unlock(&cl->lock);
+    _keel_central_unlock_class(cl);
     return p;
   }
   return NULL;
@@ -289,7 +301,7 @@ static keel_carve_t* carved_hole_of(const void* p, unsigned* lender) {
   const keel_class_t* k = &_keel_classes[cls];
   keel_central_t* cl = keel_central_of(cls);
   keel_carve_t* d = NULL;
-  keel_lock(&cl->lock);
+  _keel_central_lock_class(cl);
   if (s->state == KEEL_UNIT_SLAB && s->cls == cls && s->carved > 0) {
     char* base = (char*)slab_base(keel_chunk_of(s), s);
     uint64_t idx = ((uint64_t)((uintptr_t)p - (uintptr_t)base) * k->div_magic) >> 40;
@@ -297,7 +309,7 @@ static keel_carve_t* carved_hole_of(const void* p, unsigned* lender) {
     if (idx < k->count && (KEEL_SLAB_BITS(s, words + idx / 64) >> (idx % 64)) & 1)
       d = (keel_carve_t*)(base + idx * k->size);
   }
-  keel_unlock(&cl->lock);
+  _keel_central_unlock_class(cl);
   *lender = cls;
   return d;
 }
@@ -317,7 +329,7 @@ static void carve_release(keel_carve_t* d) {
   unsigned lender = s->cls;
   const keel_class_t* k = &_keel_classes[lender];
   keel_central_t* cl = keel_central_of(lender);
-  keel_lock(&cl->lock);
+  _keel_central_lock_class(cl);
   char* base = (char*)slab_base(keel_chunk_of(s), s);
   size_t idx = (size_t)((char*)d - base) / k->size;
   KEEL_SLAB_BITS(s, keel_class_words(k) + idx / 64) &= ~((uint64_t)1 << (idx % 64));
@@ -326,24 +338,24 @@ static void carve_release(keel_carve_t* d) {
   __atomic_sub_fetch(&carved_holes, 1, __ATOMIC_RELAXED);
   keel_link_set(d, NULL);
   _keel_slab_put(cl, lender, d);
-  keel_unlock(&cl->lock);
+  _keel_central_unlock_class(cl);
 }
 
-unsigned _keel_central_carved_free(void* p, const char* call) {
+KEEL_COLD unsigned _keel_central_carved_free(void* p, const char* call) {
   unsigned lender;
   keel_carve_t* d = carved_hole_of(p, &lender);
   if (d == NULL) return lender;
   unsigned cls = d->cls;
   keel_central_t* cl = keel_central_of(cls);
-  keel_lock(&cl->lock);
+  _keel_central_lock_class(cl);
   long i = carved_index(d, p);
   if (i < 0) {
-    keel_unlock(&cl->lock);
+    _keel_central_unlock_class(cl);
     _keel_misuse(call, "invalid pointer", p, ": not the start of a block", _keel_classes[cls].size);
   }
   uint64_t bit = (uint64_t)1 << i;
   if (d->free & bit) {
-    keel_unlock(&cl->lock);
+    _keel_central_unlock_class(cl);
     _keel_misuse(call, "double free of pointer", p, NULL, _keel_classes[cls].size);
   }
   d->free |= bit;
@@ -354,12 +366,12 @@ unsigned _keel_central_carved_free(void* p, const char* call) {
   bool empty = --d->used == 0;
   if (empty && d->listed) carve_list_remove(cls, d);
   else if (!empty && !d->listed) carve_list_push(cls, d);
-  keel_unlock(&cl->lock);
+  _keel_central_unlock_class(cl);
   if (empty) carve_release(d);
   return 0;
 }
 
-size_t _keel_central_carved_size(const void* p, const char* call) {
+KEEL_COLD size_t _keel_central_carved_size(const void* p, const char* call) {
   unsigned lender;
   keel_carve_t* d = carved_hole_of(p, &lender);
   if (d == NULL) return _keel_classes[lender].size;

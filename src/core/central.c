@@ -62,15 +62,21 @@ static inline uint32_t half_of(const keel_class_t* k) { return k->batch / 2u; }
  * them finding the lock held), while the classes that half batches keep lean see a few
  * dozen a tick. */
 #define BUSY_TRIPS 256u
-static inline void count_trip(keel_central_t* cl) {
+static inline void set_busy(keel_central_t* cl, unsigned line, bool busy) {
+  uint16_t bit = (uint16_t)(1u << line);
+  if (((__atomic_load_n(&cl->busy_lines, __ATOMIC_RELAXED) & bit) != 0) == busy) return;
+  if (busy) __atomic_or_fetch(&cl->busy_lines, bit, __ATOMIC_RELAXED);
+  else __atomic_and_fetch(&cl->busy_lines, (uint16_t)~bit, __ATOMIC_RELAXED);
+}
+/* Line `line`'s lock held (h is its share of cl): one more trip to its slabs. */
+static inline void count_trip(keel_central_t* cl, keel_home_t* h, unsigned line) {
   uint8_t now = (uint8_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
-  if (cl->trips_tick != now) {
-    bool was_busy = cl->trips >= BUSY_TRIPS && (uint8_t)(cl->trips_tick + 1) == now;
-    if ((cl->busy != 0) != was_busy) __atomic_store_n(&cl->busy, was_busy, __ATOMIC_RELAXED);
-    cl->trips = 0;
-    cl->trips_tick = now;
+  if (h->trips_tick != now) {
+    set_busy(cl, line, h->trips >= BUSY_TRIPS && (uint8_t)(h->trips_tick + 1) == now);
+    h->trips = 0;
+    h->trips_tick = now;
   }
-  if (cl->trips < UINT16_MAX && ++cl->trips == BUSY_TRIPS) __atomic_store_n(&cl->busy, 1, __ATOMIC_RELAXED);
+  if (h->trips < UINT16_MAX && ++h->trips == BUSY_TRIPS) set_busy(cl, line, true);
 }
 
 /* The block after q on a list of class cls: the link decoded and checked (freelist.h),
@@ -96,10 +102,71 @@ uint32_t _keel_central_parked_blocks(unsigned cls) { return _keel_transfer_block
  * from a slab that another core filled is a cache miss per block. Line 0's list is the
  * entry's own `partial`, the only one used on fewer cores; the others are a sparse array
  * by line, then by the class's central slot. */
-static keel_slab_t* home_partial[KEEL_TRANSFER_LINES - 1][KEEL_NUM_CLASSES] KEEL_SPARSE_BSS;
+static keel_home_t homes[KEEL_TRANSFER_LINES - 1][KEEL_NUM_CLASSES] KEEL_SPARSE_BSS;
 
-static inline keel_slab_t** home_head(keel_central_t* cl, unsigned line) {
-  return line == 0 ? &cl->partial : &home_partial[line - 1][cl - _keel_central_slots];
+static inline keel_home_t* home_of(keel_central_t* cl, unsigned line) {
+  return line == 0 ? &cl->home : &homes[line - 1][cl - _keel_central_slots];
+}
+keel_home_t* _keel_central_home(keel_central_t* cl, unsigned line) { return home_of(cl, line); }
+
+/* A line's count of blocks out, changed under its lock: read without it, as a sum. */
+static inline void out_add(keel_home_t* h, int64_t n) {
+  __atomic_store_n(&h->out, h->out + (uint64_t)n, __ATOMIC_RELAXED);
+}
+void _keel_central_out_add(keel_home_t* h, int64_t n) { out_add(h, n); }
+
+static inline keel_slab_t** home_head(keel_central_t* cl, unsigned line) { return &home_of(cl, line)->partial; }
+
+/* The lines whose locks make up the class's: line 0 and those that ever held a slab of
+ * it. A line joins under the class's lock and its own, and never leaves, so a slab is
+ * only ever on a line the class's lock covers. */
+static inline uint32_t class_lines(const keel_central_t* cl) {
+  return (uint32_t)__atomic_load_n(&cl->lines, __ATOMIC_RELAXED) | 1u;
+}
+
+void _keel_central_lock_class(keel_central_t* cl) {
+  keel_lock(&cl->home.lock); /* first: a line joins only with it held */
+  for (uint32_t m = class_lines(cl) & ~1u; m != 0; m &= m - 1) keel_lock(&home_of(cl, (unsigned)__builtin_ctz(m))->lock);
+}
+
+void _keel_central_unlock_class(keel_central_t* cl) {
+  for (uint32_t m = class_lines(cl) & ~1u; m != 0; m &= m - 1) keel_unlock(&home_of(cl, (unsigned)__builtin_ctz(m))->lock);
+  keel_unlock(&cl->home.lock);
+}
+
+bool _keel_central_trylock_class(keel_central_t* cl) {
+  if (!keel_trylock(&cl->home.lock)) return false;
+  uint32_t lines = class_lines(cl) & ~1u;
+  for (uint32_t m = lines; m != 0; m &= m - 1) {
+    if (keel_trylock(&home_of(cl, (unsigned)__builtin_ctz(m))->lock)) continue;
+    for (uint32_t u = lines & ~m; u != 0; u &= u - 1) keel_unlock(&home_of(cl, (unsigned)__builtin_ctz(u))->lock);
+    keel_unlock(&cl->home.lock);
+    return false;
+  }
+  return true;
+}
+
+/* No Keel lock held: line joins the class's lines (the class's lock and its own, in line
+ * order, held while it does). */
+static KEEL_COLD void class_add_line(keel_central_t* cl, unsigned line) {
+  keel_lock(&cl->home.lock);
+  uint32_t lines = class_lines(cl) | (1u << line);
+  for (uint32_t m = lines & ~1u; m != 0; m &= m - 1) keel_lock(&home_of(cl, (unsigned)__builtin_ctz(m))->lock);
+  __atomic_store_n(&cl->lines, (uint16_t)lines, __ATOMIC_RELAXED);
+  for (uint32_t m = lines & ~1u; m != 0; m &= m - 1) keel_unlock(&home_of(cl, (unsigned)__builtin_ctz(m))->lock);
+  keel_unlock(&cl->home.lock);
+}
+
+uint64_t _keel_central_out(const keel_central_t* cl) {
+  uint64_t out = 0;
+  for (uint32_t m = class_lines(cl); m != 0; m &= m - 1)
+    out += __atomic_load_n(&home_of((keel_central_t*)cl, (unsigned)__builtin_ctz(m))->out, __ATOMIC_RELAXED);
+  return out;
+}
+
+void _keel_central_lock_read(unsigned cls, struct keel_lock_stats_s* sum) {
+  keel_central_t* cl = keel_central_of(cls);
+  for (uint32_t m = class_lines(cl); m != 0; m &= m - 1) _keel_lock_read(&home_of(cl, (unsigned)__builtin_ctz(m))->lock, sum);
 }
 
 /* A slab's partial list: ordinary slabs by home line; profile-sample slabs apart. */
@@ -120,9 +187,10 @@ keel_slab_t* _keel_partial_next(keel_central_t* cl, keel_slab_t* s) {
   return s->next != NULL || s->sampled ? s->next : partial_from(cl, s->home + 1u);
 }
 
-/* The list heads and partial_lines are written under the class lock but also read
- * without it (_keel_central_has_free, the decay's skip test): relaxed atomic stores, so
- * those reads see a whole value (and the code is race-free as C11 and TSan define it). */
+/* A list head is written under its line's lock but also read without it
+ * (_keel_central_has_free, the decay's skip test): relaxed atomic stores, so those reads
+ * see a whole value (and the code is race-free as C11 and TSan define it). partial_lines
+ * is shared by the lines: its bits change by atomic read-modify-writes. */
 static void partial_push(keel_central_t* cl, keel_slab_t* s) {
   keel_slab_t** list = partial_list(cl, s);
   s->prev = NULL;
@@ -130,44 +198,59 @@ static void partial_push(keel_central_t* cl, keel_slab_t* s) {
   if (s->next) s->next->prev = s;
   __atomic_store_n(list, s, __ATOMIC_RELAXED);
   s->in_partial = 1;
-  if (!s->sampled && !(cl->partial_lines & (1u << s->home)))
-    __atomic_store_n(&cl->partial_lines, (uint16_t)(cl->partial_lines | (1u << s->home)), __ATOMIC_RELAXED);
+  uint16_t bit = (uint16_t)(1u << s->home);
+  if (!s->sampled && !(__atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) & bit))
+    __atomic_or_fetch(&cl->partial_lines, bit, __ATOMIC_RELAXED);
 }
 
 /* A class's lend_cursor: where its next search for a hole to lend starts (borrow.c), a
  * slab of its partial lists or NULL for the first. */
 
 static void partial_remove(keel_central_t* cl, keel_slab_t* s) {
+  /* Read by other lines' removes: only the remover of the slab it names writes it. */
   keel_slab_t** cursor = &keel_central_of(s->cls)->lend_cursor;
-  if (*cursor == s) *cursor = s->next; /* NULL: the next search starts at the first */
+  if (__atomic_load_n(cursor, __ATOMIC_RELAXED) == s) __atomic_store_n(cursor, s->next, __ATOMIC_RELAXED);
   if (s->prev) s->prev->next = s->next;
   else __atomic_store_n(partial_list(cl, s), s->next, __ATOMIC_RELAXED);
   if (s->next) s->next->prev = s->prev;
   if (!s->sampled && *partial_list(cl, s) == NULL)
-    __atomic_store_n(&cl->partial_lines, (uint16_t)(cl->partial_lines & ~(1u << s->home)), __ATOMIC_RELAXED);
+    __atomic_and_fetch(&cl->partial_lines, (uint16_t)~(1u << s->home), __ATOMIC_RELAXED);
   s->next = s->prev = NULL;
   s->in_partial = 0;
 }
 
-/* Whether class cl has a partial slab besides s (one of them). */
+/* Whether class cl has a partial slab besides s (one of them; other lines: a hint). */
 static inline bool partial_others(keel_central_t* cl, keel_slab_t* s) {
-  return s->prev != NULL || s->next != NULL || (!s->sampled && (cl->partial_lines & ~(1u << s->home)) != 0);
+  return s->prev != NULL || s->next != NULL ||
+         (!s->sampled && (__atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) & ~(1u << s->home)) != 0);
 }
 
-/* No slab on line's list: the slab of another line's list that this line takes over
- * (the next line's first, not its head where that has a second: the head is the one
- * its line takes from); NULL if every list is empty. */
+/* Line's lock held, no slab on its list: a slab of another line's list that this line
+ * takes over (the next line's first, not its head where that has a second: the head is
+ * the one its line takes from), with what it has out; NULL if there is none. Locks are
+ * taken in line order: a line after this one's is waited for, one before only tried. */
 static KEEL_COLD keel_slab_t* partial_adopt(keel_central_t* cl, unsigned line) {
-  uint32_t others = cl->partial_lines & ~(1u << line);
-  if (others == 0) return NULL;
-  uint32_t after = others >> line >> 1;
-  unsigned from = after != 0 ? line + 1u + (unsigned)__builtin_ctz(after) : (unsigned)__builtin_ctz(others);
-  keel_slab_t* s = *home_head(cl, from);
-  if (s->next != NULL) s = s->next;
-  partial_remove(cl, s);
-  s->home = (uint8_t)line;
-  partial_push(cl, s);
-  return s;
+  uint32_t others = __atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) & ~(1u << line);
+  while (others != 0) {
+    uint32_t after = others >> line >> 1;
+    unsigned from = after != 0 ? line + 1u + (unsigned)__builtin_ctz(after) : (unsigned)__builtin_ctz(others);
+    others &= ~(1u << from);
+    keel_home_t* h = home_of(cl, from);
+    if (from > line) keel_lock(&h->lock);
+    else if (!keel_trylock(&h->lock)) continue;
+    keel_slab_t* s = h->partial;
+    if (s != NULL) {
+      if (s->next != NULL) s = s->next;
+      partial_remove(cl, s);
+      out_add(h, -(int64_t)s->used);
+      __atomic_store_n(&s->home, (uint8_t)line, __ATOMIC_RELAXED);
+      out_add(home_of(cl, line), s->used);
+      partial_push(cl, s);
+    }
+    keel_unlock(&h->lock);
+    if (s != NULL) return s;
+  }
+  return NULL;
 }
 
 static uint64_t slab_units; /* units of all classes' slabs (the switch to fine classes) */
@@ -252,9 +335,9 @@ static keel_slab_t* slab_new(unsigned cls, bool sampled) {
   s->carved = 0;
   s->scan = 0;
   s->ready = 0; /* bitmap words are written as takes reach them (slab_bits) */
-  s->home = 0;
+  __atomic_store_n(&s->home, (uint8_t)0, __ATOMIC_RELAXED);
   s->row = 0;   /* and its row of them only once it needs a second word */
-  __atomic_store_n(&keel_central_of(cls)->slabs, keel_central_of(cls)->slabs + 1, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&keel_central_of(cls)->slabs, 1, __ATOMIC_RELAXED);
   __atomic_add_fetch(&slab_units, k->units, __ATOMIC_RELAXED);
   return s;
 }
@@ -272,7 +355,7 @@ static bool slab_releasable(keel_slab_t* s) {
 static void slab_release(unsigned cls, keel_slab_t* s) {
   keel_chunk_t* c = keel_chunk_of(s);
   _keel_pagemap_set((uintptr_t)slab_base(c, s), s->units, KEEL_KIND_NONE);
-  __atomic_store_n(&keel_central_of(cls)->slabs, keel_central_of(cls)->slabs - 1, __ATOMIC_RELAXED);
+  __atomic_sub_fetch(&keel_central_of(cls)->slabs, 1, __ATOMIC_RELAXED);
   __atomic_sub_fetch(&slab_units, s->units, __ATOMIC_RELAXED);
   slab_rows_give_back(s, &_keel_classes[cls]);
   _keel_pageheap_free(s);
@@ -432,49 +515,59 @@ void* _keel_central_take_parked(unsigned cls, uint32_t want, uint32_t* got) {
 }
 
 
-/* Lock held, no slab with a free block: a parked batch goes back to its slabs rather
- * than the class taking a new slab beside it (a take too small for a batch - a young
- * thread's, a bin's first - would otherwise grow the heap while batches wait). */
-static bool unpark_one(keel_central_t* cl, unsigned cls) {
-  uint32_t n;
-  void* list = _keel_transfer_get(cls, &n);
-  if (list == NULL) return false;
-  _keel_slab_put_list(cl, cls, list);
-  return true;
-}
-
 void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
   void* parked = _keel_central_take_parked(cls, want, got);
   return parked != NULL ? parked : _keel_central_take_slabs(cls, want, got);
 }
 
+/* Locks line's share of cls (activating the class, and adding the line to the class's
+ * lines, first if needed) and returns the class. No Keel lock may be held. */
+static inline keel_central_t* lock_line(unsigned cls, unsigned line) {
+  keel_central_t* cl = KEEL_UNLIKELY(!_keel_central_active(cls)) ? _keel_central_activate(cls) : keel_central_of(cls);
+  if (KEEL_UNLIKELY(!(class_lines(cl) & (1u << line)))) class_add_line(cl, line);
+  keel_lock(&home_of(cl, line)->lock);
+  return cl;
+}
+
 void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
   const keel_class_t* k = &_keel_classes[cls];
-  keel_central_t* cl = lock_class(cls);
-  count_trip(cl);
+  unsigned line = keel_many_cores() ? _keel_transfer_home() : 0;
+  keel_central_t* cl = lock_line(cls, line);
+  keel_home_t* h = home_of(cl, line);
+  count_trip(cl, h, line);
   taken_t taken;
   taken_start(&taken, k);
   uint32_t n = 0;
   bool grew = false;
-  unsigned line = keel_many_cores() ? _keel_transfer_home() : 0;
   while (n < want && !taken_full(&taken)) {
-    keel_slab_t* s = *home_head(cl, line);
-    if (s == NULL && cl->partial_lines != 0) s = partial_adopt(cl, line);
-    if (s == NULL && unpark_one(cl, cls)) continue;
+    keel_slab_t* s = h->partial;
+    if (s == NULL && __atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) != 0) s = partial_adopt(cl, line);
     if (s == NULL) {
+      /* No slab with a free block: a parked batch goes back to its slabs rather than the
+       * class taking a new slab beside it (a take too small for a batch - a young
+       * thread's, a bin's first - would otherwise grow the heap while batches wait). Its
+       * slabs may be other lines', so without this line's lock. */
+      uint32_t parked;
+      void* list = _keel_transfer_get(cls, &parked);
+      if (list != NULL) {
+        keel_unlock(&h->lock);
+        _keel_central_give_slabs(cls, list);
+        keel_lock(&h->lock);
+        continue;
+      }
       s = slab_new(cls, false);
       if (s == NULL) break;
       grew = true;
-      s->home = (uint8_t)line;
+      __atomic_store_n(&s->home, (uint8_t)line, __ATOMIC_RELAXED);
       partial_push(cl, s);
     }
     n += slab_take(s, cls, want - n, &taken);
     if (s->used == k->count) slab_became_full(cl, s, k);
   }
   if (n > 0) stamp_take(cl);
-  cl->out += n;
-  bool exhausted = cl->partial_lines == 0;
-  keel_unlock(&cl->lock);
+  out_add(h, n);
+  bool exhausted = __atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) == 0;
+  keel_unlock(&h->lock);
   void* head = taken_link(&taken);
   *got = n;
   if (KEEL_UNLIKELY(grew))
@@ -490,7 +583,7 @@ bool _keel_central_has_free(unsigned cls) {
 }
 
 KEEL_COLD void* _keel_central_take_sampled(unsigned cls) {
-  keel_central_t* cl = lock_class(cls);
+  keel_central_t* cl = lock_line(cls, 0); /* profile-sample slabs are line 0's */
   keel_slab_t* s = cl->sampled_partial;
   if (s == NULL && (s = slab_new(cls, true)) != NULL) partial_push(cl, s);
   taken_t taken;
@@ -498,9 +591,9 @@ KEEL_COLD void* _keel_central_take_sampled(unsigned cls) {
   if (s != NULL) {
     slab_take(s, cls, 1, &taken);
     if (s->used == _keel_classes[cls].count) slab_became_full(cl, s, &_keel_classes[cls]);
-    cl->out++;
+    out_add(&cl->home, 1);
   }
-  keel_unlock(&cl->lock);
+  keel_unlock(&cl->home.lock);
   return taken_link(&taken);
 }
 
@@ -535,7 +628,7 @@ static KEEL_NOINLINE void slab_put_bits(keel_central_t* cl, unsigned cls, keel_s
   s->put_tick = now;
   if (w < s->scan) s->scan = (uint16_t)w;
   s->used = (uint16_t)(s->used - n);
-  cl->out -= n;
+  out_add(home_of(cl, s->home), -(int64_t)n);
   uint32_t cold = __atomic_load_n(&_keel_cold_ticks, __ATOMIC_RELAXED);
   if (KEEL_UNLIKELY(cold != 0 && now - __atomic_load_n(&cl->take_tick, __ATOMIC_RELAXED) >= cold) && s->used > 0)
     _keel_slab_purge_freed(k, s, w, mask);
@@ -547,7 +640,7 @@ static KEEL_NOINLINE void slab_put_bits(keel_central_t* cl, unsigned cls, keel_s
       slab_release(cls, s);
       return;
     }
-    bool others = s->sampled ? cl->sampled_partial != NULL : cl->partial_lines != 0;
+    bool others = s->sampled ? cl->sampled_partial != NULL : __atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) != 0;
     if (!s->in_partial && others && slab_releasable(s)) {
       slab_release(cls, s);
       return;
@@ -558,29 +651,43 @@ static KEEL_NOINLINE void slab_put_bits(keel_central_t* cl, unsigned cls, keel_s
 
 /* Block p of class cls, its slab and its index, or a stop naming the bad free (cl's
  * lock released first if held). */
-static keel_slab_t* slab_of_block(keel_central_t* held, unsigned cls, const void* p, size_t* idx) {
+/* What a caller holds of a class, let go before a misuse is reported: nothing, one
+ * line's lock, or the class's (all of its lines'). */
+typedef struct held_s {
+  keel_central_t* cl;
+  keel_home_t* line;
+} held_t;
+#define HELD_NOTHING ((held_t){NULL, NULL})
+#define HELD_CLASS(c) ((held_t){(c), NULL})
+
+static KEEL_COLD void let_go(held_t held) {
+  if (held.line != NULL) keel_unlock(&held.line->lock);
+  else if (held.cl != NULL) _keel_central_unlock_class(held.cl);
+}
+
+static inline __attribute__((always_inline)) keel_slab_t* slab_of_block(held_t held, unsigned cls, const void* p, size_t* idx) {
   keel_slab_t* s = slab_of(p);
   long i = s->state == KEEL_UNIT_SLAB && s->cls == cls ? block_index(cls, s, p) : -1;
   if (i < 0) {
-    if (held != NULL) keel_unlock(&held->lock);
+    let_go(held);
     _keel_misuse("free", "invalid pointer", p, ": not the start of a block", _keel_classes[cls].size);
   }
   *idx = (size_t)i;
   return s;
 }
 
-static KEEL_COLD _Noreturn void double_free(keel_central_t* held, unsigned cls, const void* p) {
-  if (held != NULL) keel_unlock(&held->lock);
+static KEEL_COLD _Noreturn void double_free(held_t held, unsigned cls, const void* p) {
+  let_go(held);
   _keel_misuse("free", "double free of pointer", p, NULL, _keel_classes[cls].size);
 }
 
 /* Returns block p to its slab; the central lock of cls is held. */
 void _keel_slab_put(keel_central_t* cl, unsigned cls, void* p) {
   size_t idx;
-  keel_slab_t* s = slab_of_block(cl, cls, p, &idx);
+  keel_slab_t* s = slab_of_block(HELD_CLASS(cl), cls, p, &idx);
   /* A block in a word never written was never handed out: reported as free. */
   uint64_t bit = (uint64_t)1 << (idx % 64);
-  if (keel_slab_word(s, _keel_classes[cls].count, (unsigned)(idx / 64)) & bit) double_free(cl, cls, p);
+  if (keel_slab_word(s, _keel_classes[cls].count, (unsigned)(idx / 64)) & bit) double_free(HELD_CLASS(cl), cls, p);
   slab_put_bits(cl, cls, s, (unsigned)(idx / 64), bit, 1);
 }
 
@@ -600,7 +707,7 @@ typedef struct put_run_s {
 /* Groups list into at most PUT_RUNS runs, taking at most *left of its blocks (counted
  * down); returns what is left of it. A block twice in a run is a double free; held is
  * the class's central list if its lock is held. */
-static void* group_list(keel_central_t* held, unsigned cls, void* list, uint32_t* left, put_run_t* runs,
+static inline __attribute__((always_inline)) void* group_list(held_t held, unsigned cls, void* list, uint32_t* left, put_run_t* runs,
                         unsigned* nruns) {
   const keel_class_t* k = &_keel_classes[cls];
   unsigned r = 0;
@@ -638,18 +745,52 @@ static void* group_list(keel_central_t* held, unsigned cls, void* list, uint32_t
   return list;
 }
 
-/* Lock held: the runs go back to their slabs. A run's slab was a slab of cls when it was
+/* The runs go back to their slabs, with the lock of run r's slab's line held from r on
+ * (the class's lock covers them all). A run's slab was a slab of cls when it was
  * grouped, and stays one while any block of it is out; one that a run before emptied
  * and released means a block came back twice. */
-static void put_runs(keel_central_t* cl, unsigned cls, const put_run_t* runs, unsigned nruns) {
+static void put_run(keel_central_t* cl, held_t held, unsigned cls, const put_run_t* run) {
   const keel_class_t* k = &_keel_classes[cls];
-  for (unsigned r = 0; r < nruns; r++) {
-    keel_slab_t* s = runs[r].slab;
-    uint64_t twice = s->state == KEEL_UNIT_SLAB && s->cls == cls ? keel_slab_word(s, k->count, runs[r].word) & runs[r].mask
-                                                                 : runs[r].mask;
-    if (KEEL_UNLIKELY(twice != 0))
-      double_free(cl, cls, (char*)slab_base(keel_chunk_of(s), s) + ((size_t)runs[r].word * 64 + (size_t)__builtin_ctzll(twice)) * k->size);
-    slab_put_bits(cl, cls, s, runs[r].word, runs[r].mask, runs[r].n);
+  keel_slab_t* s = run->slab;
+  uint64_t twice = s->state == KEEL_UNIT_SLAB && s->cls == cls ? keel_slab_word(s, k->count, run->word) & run->mask
+                                                               : run->mask;
+  if (KEEL_UNLIKELY(twice != 0))
+    double_free(held, cls, (char*)slab_base(keel_chunk_of(s), s) + ((size_t)run->word * 64 + (size_t)__builtin_ctzll(twice)) * k->size);
+  slab_put_bits(cl, cls, s, run->word, run->mask, run->n);
+}
+
+/* Class lock held. */
+static void put_runs(keel_central_t* cl, unsigned cls, const put_run_t* runs, unsigned nruns) {
+  for (unsigned r = 0; r < nruns; r++) put_run(cl, HELD_CLASS(cl), cls, &runs[r]);
+}
+
+/* No lock held: the runs go back under their slabs' lines' locks, one line at a time
+ * (a batch freed by another thread mixes the slabs of several lines). A slab's line
+ * changes only under that line's lock (partial_adopt), so it is read again once the
+ * lock is held; a run whose slab has moved waits for its new line's turn. */
+static void put_runs_by_line(keel_central_t* cl, unsigned cls, const put_run_t* runs, unsigned nruns) {
+  if (class_lines(cl) == 1) { /* one line: its lock is the class's */
+    keel_lock(&cl->home.lock);
+    count_trip(cl, &cl->home, 0);
+    for (unsigned r = 0; r < nruns; r++) put_run(cl, (held_t){cl, &cl->home}, cls, &runs[r]);
+    keel_unlock(&cl->home.lock);
+    return;
+  }
+  uint32_t done = 0, all = nruns == 32 ? ~(uint32_t)0 : ((uint32_t)1 << nruns) - 1;
+  _Static_assert(PUT_RUNS <= 32, "runs are a 32-bit mask");
+  while (done != all) {
+    /* (masked: a slab freed twice may no longer be one, which put_run reports) */
+    unsigned line = __atomic_load_n(&runs[__builtin_ctz(~done)].slab->home, __ATOMIC_RELAXED) & (KEEL_TRANSFER_LINES - 1);
+    keel_home_t* h = home_of(cl, line);
+    keel_lock(&h->lock);
+    count_trip(cl, h, line);
+    for (uint32_t m = all & ~done; m != 0; m &= m - 1) {
+      unsigned r = (unsigned)__builtin_ctz(m);
+      if (__atomic_load_n(&runs[r].slab->home, __ATOMIC_RELAXED) != line) continue;
+      put_run(cl, (held_t){cl, h}, cls, &runs[r]);
+      done |= (uint32_t)1 << r;
+    }
+    keel_unlock(&h->lock);
   }
 }
 
@@ -659,7 +800,7 @@ void _keel_slab_put_list(keel_central_t* cl, unsigned cls, void* list) {
   unsigned n;
   uint32_t left = UINT32_MAX;
   while (list != NULL) {
-    list = group_list(cl, cls, list, &left, runs, &n);
+    list = group_list(HELD_CLASS(cl), cls, list, &left, runs, &n);
     put_runs(cl, cls, runs, n);
   }
 }
@@ -670,11 +811,8 @@ static void* give_slabs_front(unsigned cls, void* list, uint32_t n) {
   put_run_t runs[PUT_RUNS];
   unsigned nruns;
   while (list != NULL && n != 0) {
-    list = group_list(NULL, cls, list, &n, runs, &nruns);
-    keel_lock(&cl->lock);
-    count_trip(cl);
-    put_runs(cl, cls, runs, nruns);
-    keel_unlock(&cl->lock);
+    list = group_list(HELD_NOTHING, cls, list, &n, runs, &nruns);
+    put_runs_by_line(cl, cls, runs, nruns);
   }
   return list;
 }
@@ -718,7 +856,7 @@ static void find_in_list(void* list, uint32_t n, void* ctx) {
 
 KEEL_COLD bool _keel_central_is_free(unsigned cls, void* p) {
   keel_central_t* cl = keel_central_of(cls);
-  keel_lock(&cl->lock);
+  _keel_central_lock_class(cl);
   keel_slab_t* s = slab_of(p);
   bool is_free = false;
   if (s->state == KEEL_UNIT_SLAB && s->cls == cls) {
@@ -730,7 +868,7 @@ KEEL_COLD bool _keel_central_is_free(unsigned cls, void* p) {
     _keel_transfer_each(cls, find_in_list, &find);
     is_free = find.found;
   }
-  keel_unlock(&cl->lock);
+  _keel_central_unlock_class(cl);
   return is_free;
 }
 
@@ -751,19 +889,22 @@ bool _keel_slab_release_empty(keel_central_t* cl, unsigned cls, keel_slab_t* s) 
 }
 
 /* The active classes' locks only (above); the bits cannot change while activate_lock
- * is held. */
+ * is held, nor a class's lines while its lock is. */
 void _keel_central_lock_all(void) {
   keel_lock(&activate_lock);
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++)
-    if (_keel_central_active(cls)) keel_lock(&keel_central_of(cls)->lock);
+    if (_keel_central_active(cls)) _keel_central_lock_class(keel_central_of(cls));
 }
 void _keel_central_unlock_all(void) {
   for (unsigned cls = KEEL_NUM_CLASSES - 1; cls >= 1; cls--)
-    if (_keel_central_active(cls)) keel_unlock(&keel_central_of(cls)->lock);
+    if (_keel_central_active(cls)) _keel_central_unlock_class(keel_central_of(cls));
   keel_unlock(&activate_lock);
 }
 void _keel_central_reset_locks(void) {
-  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++)
-    if (_keel_central_active(cls)) keel_lock_reset(&keel_central_of(cls)->lock);
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
+    if (!_keel_central_active(cls)) continue;
+    keel_central_t* cl = keel_central_of(cls);
+    for (uint32_t m = class_lines(cl); m != 0; m &= m - 1) keel_lock_reset(&home_of(cl, (unsigned)__builtin_ctz(m))->lock);
+  }
   keel_lock_reset(&activate_lock);
 }

@@ -14,26 +14,38 @@
 #include "core/size_class.h"
 
 /* ---- central free lists (central.c, borrow.c, slab_trim.c) ------------------------------
- * One per size class: the slabs that still have free blocks, behind the class's lock,
- * which a thread takes only when the transfer cache has nothing for it or no room. */
-typedef struct keel_central_s {
+ * One per size class: the slabs that still have free blocks, which a thread goes to only
+ * when the transfer cache has nothing for it or no room. On many cores they are split
+ * by home line (the processor a thread runs on, central.c "Home lines"): each line has
+ * its own lock, list and counts, and a slab belongs to one line, whose lock guards it.
+ * What walks or changes a whole class (the purger, borrowing, meshing, statistics, the
+ * verifier, fork) takes the class's lock: every line's, in line order. On fewer cores
+ * every slab is line 0's, whose lock is then the class's only one. */
+typedef struct keel_home_s {
   keel_lock_t lock;
-  uint32_t take_tick; /* purger tick when blocks were last taken (slab or transfer cache) */
-  uint16_t partial_lines; /* bit L: home line L's partial list has slabs (central.c) */
-  keel_slab_t* partial; /* slabs with free blocks whose home is line 0 */
-  keel_slab_t* sampled_partial; /* the same, for slabs holding profile samples */
-  uint32_t slabs;       /* slabs of this class */
-  uint16_t trips;       /* takes from and gives to the slabs in purger tick trips_tick */
+  keel_slab_t* partial; /* the line's slabs with free blocks */
+  uint64_t out;         /* blocks out of the line's slabs: live, or in a cache */
+  uint16_t trips;       /* takes from and gives to the line's slabs in purger tick trips_tick */
   uint8_t trips_tick;   /* (its low bits) */
-  uint8_t busy;         /* BUSY_TRIPS trips in this tick or the last: bins move whole batches */
-  uint64_t out;         /* blocks out of slabs: live, or in a cache */
+  uint8_t pad[5];
+} keel_home_t;
+_Static_assert(sizeof(keel_home_t) == 48, "keel_home_t is 48 bytes");
+
+typedef struct keel_central_s {
+  keel_home_t home;       /* line 0's */
+  uint32_t take_tick;     /* purger tick when blocks were last taken (slab or transfer cache) */
+  uint16_t partial_lines; /* bit L: home line L's partial list has slabs (central.c) */
+  uint16_t lines;         /* bit L: line L may hold slabs: its lock is part of the class's */
+  keel_slab_t* sampled_partial; /* slabs holding profile samples with free blocks (line 0's) */
   /* The second line: state of borrowing and carving (borrow.c), under the class's lock
    * unless said. */
   keel_slab_t* lend_cursor;           /* where the next search for a hole to lend starts */
   struct keel_carve_s* carve_partial; /* holes carved for this class with free blocks */
+  uint32_t slabs;                     /* slabs of this class */
   uint32_t lend_miss_tick;            /* 1 + the last tick a lend search found nothing */
   uint32_t carved_blocks;             /* blocks of this class handed out of carved holes */
   uint32_t carved_from;               /* holes carved out of this class's slabs */
+  uint16_t busy_lines; /* bit L: BUSY_TRIPS trips on line L in this tick or the last */
 } __attribute__((aligned(64))) keel_central_t;
 /* Two cache lines. The array is in every process's .bss, in slot order (below): a
  * program writes the entries of the classes it uses. */
@@ -50,16 +62,31 @@ extern uint8_t _keel_central_slot[KEEL_NUM_CLASSES] KEEL_INTERNAL;
 static inline keel_central_t* keel_central_of(unsigned cls) {
   return &_keel_central_slots[__atomic_load_n(&_keel_central_slot[cls], __ATOMIC_ACQUIRE)];
 }
-/* The class's blocks go to and come from its slabs at a rate that makes its lock a
+/* The class's blocks go to and come from its slabs at a rate that makes a lock of it a
  * meeting point (central.c counts the trips): its bins move whole batches even in a
  * small heap (tcache.c). */
 static inline bool _keel_central_busy(unsigned cls) {
-  return __atomic_load_n(&keel_central_of(cls)->busy, __ATOMIC_RELAXED) != 0;
+  return __atomic_load_n(&keel_central_of(cls)->busy_lines, __ATOMIC_RELAXED) != 0;
 }
 
-/* A class's slabs with free blocks are on one list per home line (central.c), under its
- * lock: the first of them all and the one after s, in line order, NULL at the end (a
- * profile-sample slab's list is one, sampled_partial); and the head of one line's list. */
+/* The class's lock: every line's that may hold its slabs, in line order (central.c); the
+ * try version takes none if one is held. */
+void _keel_central_lock_class(keel_central_t* cl) KEEL_INTERNAL;
+bool _keel_central_trylock_class(keel_central_t* cl) KEEL_INTERNAL;
+void _keel_central_unlock_class(keel_central_t* cl) KEEL_INTERNAL;
+/* Line `line`'s share of the class (line 0's is cl->home), and a change to its count of
+ * blocks out (its lock held). */
+keel_home_t* _keel_central_home(keel_central_t* cl, unsigned line) KEEL_INTERNAL;
+void _keel_central_out_add(keel_home_t* h, int64_t n) KEEL_INTERNAL;
+/* Blocks out of the class's slabs, summed over its lines (exact under the class's lock). */
+uint64_t _keel_central_out(const keel_central_t* cl) KEEL_INTERNAL;
+struct keel_lock_stats_s;
+/* Adds the counters of every lock of class cls to *sum (without taking them). */
+void _keel_central_lock_read(unsigned cls, struct keel_lock_stats_s* sum) KEEL_INTERNAL;
+
+/* A class's slabs with free blocks are on one list per home line (central.c), under the
+ * class's lock: the first of them all and the one after s, in line order, NULL at the end
+ * (a profile-sample slab's list is one, sampled_partial); and the head of one line's list. */
 keel_slab_t* _keel_partial_first(keel_central_t* cl) KEEL_INTERNAL;
 keel_slab_t* _keel_partial_next(keel_central_t* cl, keel_slab_t* s) KEEL_INTERNAL;
 keel_slab_t* _keel_partial_head(keel_central_t* cl, unsigned line) KEEL_INTERNAL;

@@ -107,7 +107,9 @@ static uint64_t last_plan[KEEL_NUM_CLASSES];
 static uint64_t seen_locks[KEEL_NUM_CLASSES], seen_tick[KEEL_NUM_CLASSES];
 
 static uint64_t class_locks(unsigned cls) {
-  return __atomic_load_n(&keel_central_of(cls)->lock.acquired, __ATOMIC_RELAXED);
+  keel_lock_stats_t sum = {"central", 0, 0, 0};
+  _keel_central_lock_read(cls, &sum);
+  return sum.acquired;
 }
 
 /* Whether others took cls's lock more than MESH_BUSY_LOCKS times a tick since the last
@@ -295,7 +297,7 @@ static size_t mesh_group(unsigned cls, const uintptr_t* cand, unsigned ncand) {
   uintptr_t base[KEEL_MESH_WAYS];
   unsigned n = 0;
   uint64_t taken[(KEEL_MESH_MAX_PAGE / 16 + 2 + 63) / 64] = {0}; /* blocks in use so far */
-  keel_lock(&cl->lock);
+  _keel_central_lock_class(cl);
   size_t off = 0;
   uint32_t first = 0, last = 0;
   for (unsigned c = 0; c < ncand && n < KEEL_MESH_WAYS; c++) {
@@ -418,7 +420,7 @@ static size_t mesh_group(unsigned cls, const uintptr_t* cand, unsigned ncand) {
   }
   keel_unlock(&table_lock);
 out:
-  keel_unlock(&cl->lock);
+  _keel_central_unlock_class(cl);
   return saved;
 }
 
@@ -554,7 +556,7 @@ static bool class_sparse(unsigned cls) {
   const keel_class_t* k = &_keel_classes[cls];
   keel_central_t* cl = keel_central_of(cls);
   uint64_t slab_bytes = __atomic_load_n(&cl->slabs, __ATOMIC_RELAXED) * ((uint64_t)k->units << KEEL_UNIT_SHIFT);
-  uint64_t used = __atomic_load_n(&cl->out, __ATOMIC_RELAXED) * k->size;
+  uint64_t used = _keel_central_out(cl) * k->size;
   return slab_bytes > used + used / 4 + ((uint64_t)1 << 20);
 }
 

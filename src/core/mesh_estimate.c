@@ -182,7 +182,7 @@ static uint32_t copy_bitmaps(unsigned cls, scratch_t* s, size_t reserve_per_slab
   keel_central_t* cl = keel_central_of(cls);
   unsigned words = keel_class_words(&_keel_classes[cls]);
   for (;;) {
-    keel_lock(&cl->lock);
+    _keel_central_lock_class(cl);
     uint32_t n = 0;
     for (keel_slab_t* sl = _keel_partial_first(cl); sl != NULL; sl = _keel_partial_next(cl, sl)) n++;
     size_t need = (size_t)n * (words * sizeof(uint64_t) + sizeof(uintptr_t) + reserve_per_slab);
@@ -195,10 +195,10 @@ static uint32_t copy_bitmaps(unsigned cls, scratch_t* s, size_t reserve_per_slab
         *base++ = (uintptr_t)keel_unit_addr(c, (unsigned)(sl - c->units));
       }
       *slabs = cl->slabs;
-      keel_unlock(&cl->lock);
+      _keel_central_unlock_class(cl);
       return n;
     }
-    keel_unlock(&cl->lock);
+    _keel_central_unlock_class(cl);
     if (!scratch_reserve(s, need)) return UINT32_MAX; /* (it leaves room to grow) */
   }
 }

@@ -20,11 +20,12 @@ static inline keel_slab_t* slab_of(const void* p) {
   return keel_span_head(c, keel_unit_index(p));
 }
 
-/* Locks cls's central list, activating the class first if needed. No Keel lock may be
- * held (activate_lock comes before the central locks in the fork handlers' order). */
+/* Takes the class lock of cls (every line's), activating the class first if needed. No
+ * Keel lock may be held (activate_lock comes before the central locks in the fork
+ * handlers' order). */
 static inline keel_central_t* lock_class(unsigned cls) {
   keel_central_t* cl = KEEL_UNLIKELY(!_keel_central_active(cls)) ? _keel_central_activate(cls) : keel_central_of(cls);
-  keel_lock(&cl->lock);
+  _keel_central_lock_class(cl);
   return cl;
 }
 

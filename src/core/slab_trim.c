@@ -120,7 +120,7 @@ size_t _keel_central_purge_all(uint32_t max_trims) {
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     if (!_keel_central_active(cls)) continue;
     keel_central_t* cl = keel_central_of(cls);
-    keel_lock(&cl->lock);
+    _keel_central_lock_class(cl);
     drain_transfer(cl, cls, 0, 0);
     /* An empty slab kept to avoid churn is released; the free pages of the others are
      * purged without waiting for their slab to go quiet. */
@@ -135,7 +135,7 @@ size_t _keel_central_purge_all(uint32_t max_trims) {
         }
       }
     }
-    keel_unlock(&cl->lock);
+    _keel_central_unlock_class(cl);
   }
   return (size_t)(__atomic_load_n(&trimmed_bytes, __ATOMIC_RELAXED) - before);
 }
@@ -160,7 +160,7 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
     if (!parked && __atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) == 0 &&
         __atomic_load_n(&cl->sampled_partial, __ATOMIC_RELAXED) == NULL)
       continue;
-    keel_lock(&cl->lock);
+    _keel_central_lock_class(cl);
     if (parked) drain_transfer(cl, cls, now, (uint32_t)idle_ticks);
     /* A slab is trimmed once no block has come back to it for idle_ticks; in a cold
      * class, whose frees purge what they empty from now on, also the pages emptied
@@ -180,7 +180,7 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
         }
         trim_slab(cls, s);
       }
-    keel_unlock(&cl->lock);
+    _keel_central_unlock_class(cl);
   }
 }
 

@@ -29,12 +29,12 @@ void _keel_stats_collect(keel_stats_t* out) {
     keel_central_t* cl = keel_central_of(cls);
     const keel_class_t* k = &_keel_classes[cls];
     if (class_empty(cl)) continue;
-    keel_lock(&cl->lock);
+    _keel_central_lock_class(cl);
     /* Holes carved out of this class's slabs count as the blocks carved from them. */
-    in_slabs += (cl->out - cl->carved_from) * k->size + (uint64_t)cl->carved_blocks * k->size;
+    in_slabs += (_keel_central_out(cl) - cl->carved_from) * k->size + (uint64_t)cl->carved_blocks * k->size;
     slab_bytes += cl->slabs * k->units * KEEL_UNIT_SIZE;
     transfer += (uint64_t)_keel_central_parked_blocks(cls) * k->size;
-    keel_unlock(&cl->lock);
+    _keel_central_unlock_class(cl);
   }
   uint64_t in_caches = 0;
   _keel_tcache_stats(out, &in_caches);
@@ -143,15 +143,15 @@ KEEL_API size_t keel_stats_classes(keel_class_stats_t* out, size_t max) {
       out[n] = (keel_class_stats_t){.block_size = k->size, .blocks_cached = in_caches[cls]};
       continue;
     }
-    keel_lock(&cl->lock);
+    _keel_central_lock_class(cl);
     uint64_t cached = in_caches[cls] + _keel_central_parked_blocks(cls);
     out[n].block_size = k->size;
     out[n].blocks_cached = cached;
-    uint64_t out_blocks = cl->out - cl->carved_from + cl->carved_blocks;
+    uint64_t out_blocks = _keel_central_out(cl) - cl->carved_from + cl->carved_blocks;
     out[n].blocks_in_use = out_blocks > cached ? out_blocks - cached : 0;
     out[n].slabs = cl->slabs;
     out[n].slab_bytes = cl->slabs * k->units * KEEL_UNIT_SIZE;
-    keel_unlock(&cl->lock);
+    _keel_central_unlock_class(cl);
   }
   return KEEL_NUM_CLASSES - 1;
 }
@@ -159,7 +159,7 @@ KEEL_API size_t keel_stats_classes(keel_class_stats_t* out, size_t max) {
 KEEL_API size_t keel_stats_locks(keel_lock_stats_t* out, size_t max) {
   keel_ensure_init();
   keel_lock_stats_t all[LOCK_KINDS] = {{"central", 0, 0, 0}};
-  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) _keel_lock_read(&keel_central_of(cls)->lock, &all[0]);
+  for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) _keel_central_lock_read(cls, &all[0]);
   static const char* const names[LOCK_KINDS] = {"central", "page heap", "huge", "threads",
                                                 "metadata", "page map", "profile", "quarantine"};
   keel_lock_t* const locks[LOCK_KINDS] = {NULL, _keel_lock_pageheap, _keel_lock_huge, _keel_lock_threads,

@@ -8,7 +8,10 @@
 
 keel_chunk_t* _keel_pageheap_first_chunk(unsigned run);
 
-static void verify_slab(keel_chunk_t* c, unsigned k, keel_slab_t* s, uint64_t* used_by_class) {
+/* Blocks out of the slabs of each class, by home line. */
+static uint64_t used_by_line[KEEL_NUM_CLASSES][KEEL_TRANSFER_LINES];
+
+static void verify_slab(keel_chunk_t* c, unsigned k, keel_slab_t* s) {
   unsigned cls = s->cls;
   VERIFY(cls >= 1 && cls < KEEL_NUM_CLASSES);
   const keel_class_t* kc = &_keel_classes[cls];
@@ -32,7 +35,9 @@ static void verify_slab(keel_chunk_t* c, unsigned k, keel_slab_t* s, uint64_t* u
     VERIFY(keel_pagemap_get(keel_unit_addr(c, k + u)) ==
            (s->sampled ? KEEL_KIND_SAMPLED : s->carved ? KEEL_KIND_CARVED : cls));
   }
-  used_by_class[cls] += s->used;
+  /* A slab's line is one whose lock makes up the class's (central.c); a sample slab's is 0. */
+  VERIFY(s->home < KEEL_TRANSFER_LINES && ((keel_central_of(cls)->lines | 1u) >> s->home & 1) && !(s->sampled && s->home));
+  used_by_line[cls][s->home] += s->used;
 }
 
 /* The class of a cached block from its page-map tag: a slab with carved holes keeps
@@ -53,11 +58,10 @@ static void verify_parked(void* list, uint32_t n, void* ctx) {
 }
 
 void _keel_verify(void) {
-  static uint64_t used_by_class[KEEL_NUM_CLASSES];
   keel_ensure_init();
   _keel_central_lock_all();
   _keel_pageheap_lock_all();
-  memset(used_by_class, 0, sizeof used_by_class);
+  memset(used_by_line, 0, sizeof used_by_line);
   for (unsigned r = 0; r < KEEL_CHUNK_UNITS; r++) {
     for (keel_chunk_t* c = _keel_pageheap_first_chunk(r); c != NULL; c = c->next) {
       VERIFY(c->magic == KEEL_CHUNK_MAGIC);
@@ -78,7 +82,7 @@ void _keel_verify(void) {
         }
         VERIFY(s->head == k && s->units >= 1 && k + s->units <= KEEL_CHUNK_UNITS);
         if (s->state == KEEL_UNIT_SLAB) {
-          verify_slab(c, k, s, used_by_class);
+          verify_slab(c, k, s);
           /* No rows: nothing written past the first word, or full (all words zero). */
           VERIFY(s->row <= KEEL_CHUNK_ROWS &&
                  (s->row != 0 || (s->carved == 0 && (s->ready <= 1 || s->used == _keel_classes[s->cls].count))));
@@ -107,7 +111,8 @@ void _keel_verify(void) {
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     keel_central_t* cl = keel_central_of(cls);
     const keel_class_t* kc = &_keel_classes[cls];
-    VERIFY(cl->out == used_by_class[cls]);
+    for (unsigned line = 0; line < KEEL_TRANSFER_LINES; line++)
+      VERIFY(used_by_line[cls][line] == (((cl->lines | 1u) >> line & 1) ? _keel_central_home(cl, line)->out : 0));
     unsigned check_cls = cls;
     _keel_transfer_each(cls, verify_parked, &check_cls);
     keel_slab_t* cursor = cl->lend_cursor;
@@ -117,6 +122,7 @@ void _keel_verify(void) {
     for (keel_slab_t* s = _keel_partial_first(cl); s != NULL; s = _keel_partial_next(cl, s)) {
       VERIFY(s->state == KEEL_UNIT_SLAB && s->cls == cls && s->in_partial && !s->sampled);
       VERIFY(s->next == NULL || s->next->home == s->home);
+      VERIFY(s->prev != NULL || _keel_partial_head(cl, s->home) == s);
       VERIFY(s->used < kc->count);
       cursor_found |= s == cursor;
     }

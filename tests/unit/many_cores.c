@@ -6,7 +6,10 @@
  *     slots), the rest going to its slabs, which are on its line's list;
  *   - a thread on another line whose list is empty takes over one of those slabs rather
  *     than a new one;
- *   - the heap passes _keel_verify (every partial slab on its home line's list). */
+ *   - each line has its own lock: the first thread's trips took its line's only, the
+ *     second's its own, and the class's lock (the purger's, statistics') is both;
+ *   - the heap passes _keel_verify (every partial slab on its home line's list, each
+ *     line's count of blocks out that of its slabs). */
 #include <pthread.h>
 #include <sched.h>
 
@@ -35,6 +38,11 @@ typedef struct {
   void* first;
   uint32_t slabs_before, slabs_after;
 } worker_t;
+
+/* Acquisitions of line's lock of the class so far. */
+static uint64_t taken(unsigned line) {
+  return __atomic_load_n(&_keel_central_home(keel_central_of(cls), line)->lock.acquired, __ATOMIC_RELAXED);
+}
 
 static void* working_sets(void* arg) {
   worker_t* w = arg;
@@ -83,20 +91,25 @@ int main(void) {
 
   TEST_SECTION("a working set given back goes to its own line and its line's slabs");
   worker_t a = {.cpu = cpu0};
+  uint64_t line0_before = taken(0);
   run(working_sets, &a);
   CHECK(keel_many_cores());
   CHECK(_keel_transfer_blocks(cls) <= LINE_SLOTS * k->batch);
   keel_central_t* cl = keel_central_of(cls);
-  keel_lock(&cl->lock);
+  _keel_central_lock_class(cl);
   CHECK(cl->partial_lines == 1u << a.line);
   CHECK(_keel_partial_head(cl, a.line) != NULL);
-  keel_unlock(&cl->lock);
+  CHECK(cl->lines & (1u << a.line) || a.line == 0);
+  _keel_central_unlock_class(cl);
+  CHECK(taken(a.line) > (a.line == 0 ? line0_before : 0) + ROUNDS); /* its trips, its line's lock */
+  if (a.line != 0) CHECK(taken(0) - line0_before <= 4); /* line 0's: the class's lock alone */
 
   TEST_SECTION("a thread on another line takes over a slab rather than a new one");
   if (cpu1 < 0) {
     printf("   (one processor: skipped)\n");
   } else {
     worker_t b = {.cpu = cpu1};
+    uint64_t a_before = taken(a.line);
     run(one_block, &b);
     if (b.line == a.line) {
       printf("   (both processors on one line: skipped)\n");
@@ -104,9 +117,13 @@ int main(void) {
       CHECK(b.first != NULL);
       CHECK(b.slabs_after == b.slabs_before);
       CHECK(home_list_of(b.first) == b.line);
-      keel_lock(&cl->lock);
+      CHECK(taken(b.line) >= 1);
+      /* the take locked b's line, and a's only to add b's line to the class (the first
+       * slab there) and to move the slab over */
+      CHECK(taken(a.line) - a_before <= 2);
+      _keel_central_lock_class(cl);
       CHECK(cl->partial_lines & (1u << b.line));
-      keel_unlock(&cl->lock);
+      _keel_central_unlock_class(cl);
     }
     free(b.first);
   }

@@ -254,7 +254,7 @@ static void test_central(void) {
   _keel_central_give(cls, second, rest);
   _keel_central_give(cls, list3, got3);
   _keel_central_purge_all(0); /* back to the slabs, nothing trimmed */
-  CHECK(keel_central_of(cls)->out == 0);
+  CHECK(_keel_central_out(keel_central_of(cls)) == 0);
 }
 
 static void test_huge_table(void) {
@@ -418,7 +418,7 @@ static void test_fine_classes(void) {
   static void* taken[8192];
   unsigned ntaken = take_until_switched(c224, taken, 8192);
   CHECK(!_keel_class_group_pending[c224]);
-  CHECK(keel_central_of(c224)->slabs >= KEEL_FINE_GROUP_SLABS && keel_central_of(c224)->partial == NULL);
+  CHECK(keel_central_of(c224)->slabs >= KEEL_FINE_GROUP_SLABS && keel_central_of(c224)->home.partial == NULL);
   CHECK(_keel_class_group_pending[c1280]); /* the other group is still small */
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++)
     if (!_keel_class_group_pending[_keel_class_serving[cls]]) CHECK(_keel_class_serving[cls] == cls);
@@ -625,7 +625,7 @@ static void test_transfer_lines(void) {
   CHECK(!_keel_transfer_any(cls) && _keel_transfer_get(cls, &got) == NULL);
   for (uint32_t i = 0; i < nl; i++) _keel_central_give(cls, back[i], k->batch);
   keel_purge();
-  CHECK(_keel_central_parked_blocks(cls) == 0 && keel_central_of(cls)->out == 0);
+  CHECK(_keel_central_parked_blocks(cls) == 0 && _keel_central_out(keel_central_of(cls)) == 0);
 }
 
 /* A class that takes nothing from its slabs while blocks keep coming back (a server
@@ -640,7 +640,7 @@ static void test_busy_trim(void) {
   keel_central_t* cl = _keel_central_activate(cls);
   enum { N = 1024, IDLE = 1000 };
   static void* b[N];
-  uint64_t out_before = cl->out;
+  uint64_t out_before = _keel_central_out(cl);
   bool small_pages = _keel_page_size * 4 <= KEEL_UNIT_SIZE; /* else no page of a slab empties */
   for (int i = 0; i < N; i++) {
     b[i] = _keel_alloc_direct(cls);
@@ -657,7 +657,7 @@ static void test_busy_trim(void) {
   CHECK(_keel_central_trimmed_bytes() == before); /* the class has just taken */
   uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
   unsigned slabs = 0;
-  for (keel_slab_t* s = cl->partial; s != NULL; s = s->next, slabs++)
+  for (keel_slab_t* s = cl->home.partial; s != NULL; s = s->next, slabs++)
     s->put_tick = now; /* blocks came back just now */
   CHECK(slabs >= 2);
   cl->take_tick = now; /* still taking: wait */
@@ -669,7 +669,7 @@ static void test_busy_trim(void) {
   if (small_pages)
     CHECK_MSG(after >= before + (uint64_t)slabs * k->units * KEEL_UNIT_SIZE / 2,
               "trimmed %llu bytes of %u slabs", (unsigned long long)(after - before), slabs);
-  for (keel_slab_t* s = cl->partial; s != NULL; s = s->next) CHECK(!s->needs_trim);
+  for (keel_slab_t* s = cl->home.partial; s != NULL; s = s->next) CHECK(!s->needs_trim);
   /* Cold now: a free that empties a page purges it at once... */
   for (int i = 16; i < N; i += 32) {
     keel_link_set(b[i], NULL);
@@ -686,7 +686,7 @@ static void test_busy_trim(void) {
       keel_link_set(b[i], NULL);
       _keel_central_give(cls, b[i], 1);
     }
-  CHECK(cl->out == out_before);
+  CHECK(_keel_central_out(cl) == out_before);
   _keel_options.background_purge = true;
 }
 
@@ -754,8 +754,8 @@ static void test_borrow(void) {
   const keel_class_t* lk = &_keel_classes[lender];
   keel_central_t* lcl = _keel_central_activate(lender);
   CHECK(_keel_classes[mine].size == 1536 && lk->size == 2048);
-  for (unsigned c = mine + 1; c < lender; c++) CHECK(keel_central_of(c)->partial == NULL);
-  CHECK(lcl->partial == NULL && lcl->out == 0); /* no other test used the lender */
+  for (unsigned c = mine + 1; c < lender; c++) CHECK(keel_central_of(c)->home.partial == NULL);
+  CHECK(lcl->home.partial == NULL && _keel_central_out(lcl) == 0); /* no other test used the lender */
   static void* b[N];
   static bool live[N], lent[N];
   for (int i = 0; i < N; i++) {
@@ -792,9 +792,9 @@ static void test_borrow(void) {
   __atomic_fetch_add(&_keel_ticks, 1, __ATOMIC_RELAXED); /* past the miss just recorded */
   __atomic_store_n(&lcl->take_tick, now - 2 * IDLE, __ATOMIC_RELAXED);
   /* A lender whose lock is held is passed by, not waited for. */
-  keel_lock(&lcl->lock);
+  _keel_central_lock_class(lcl);
   void* busy = malloc(1500);
-  keel_unlock(&lcl->lock);
+  _keel_central_unlock_class(lcl);
   CHECK(malloc_usable_size(busy) == 1536 && _keel_central_borrowed_blocks() == borrowed0);
   DRAIN();
   void* cold = malloc(1500);
@@ -875,7 +875,7 @@ static void test_borrow(void) {
   } while (0)
   BORROW_ALL();
   unsigned hot_got = ngot;
-  uint64_t blocks = (uint64_t)lcl->slabs * lk->count, in_slabs = blocks - lcl->out;
+  uint64_t blocks = (uint64_t)lcl->slabs * lk->count, in_slabs = blocks - _keel_central_out(lcl);
   /* Lent until no hole is left or until fewer than an eighth of its blocks were free. */
   CHECK_MSG(hot_got > 0 && strays == 0 && (hot_got == lendable || in_slabs * KEEL_BORROW_FREE_SHARE < blocks),
             "borrowed %u blocks (%u not lendable) of %u lendable, %llu of %llu free", hot_got, strays, lendable,
@@ -909,7 +909,7 @@ static void test_borrow(void) {
   free(aligned);
   _keel_tcache_thread_flush();
   _keel_central_purge_all(0); /* back to the slabs, nothing trimmed */
-  CHECK(lcl->out == 0);
+  CHECK(_keel_central_out(lcl) == 0);
   _keel_verify();
 #undef DRAIN
 #undef GIVE_BACK
@@ -933,7 +933,7 @@ static void test_carve(void) {
   keel_central_t* lcl = _keel_central_activate(lender);
   unsigned count = (lk->size - 32) / mk->size;
   CHECK(mk->size == 48 && lk->size == 224 && count == 4);
-  CHECK(lcl->partial == NULL && lcl->out == 0); /* no other test used the lender */
+  CHECK(lcl->home.partial == NULL && _keel_central_out(lcl) == 0); /* no other test used the lender */
   static void* b[N];
   for (int i = 0; i < N; i++) {
     b[i] = _keel_alloc_direct(lender);
