@@ -4,6 +4,7 @@
 #define KEEL_BASE_H
 
 #define KEEL_NOINLINE __attribute__((noinline))
+#define KEEL_ALWAYS_INLINE inline __attribute__((always_inline))
 #define KEEL_COLD __attribute__((cold, noinline))
 /* Runs in every process (start-up, exit, the purger's tick, the fork handlers, the
  * profiler's countdown stage) though its file is mostly cold: the linker puts .text.hot

@@ -99,9 +99,11 @@ uint32_t _keel_central_parked_blocks(unsigned cls) { return _keel_transfer_block
  * slabs first, and to another line's only when its own have none (before the class
  * takes a new slab), moving that slab to its line. So the blocks a thread gives back to
  * its slabs are the ones it, or its processor's next thread, takes again: a batch taken
- * from a slab that another core filled is a cache miss per block. Line 0's list is the
- * entry's own `partial`, the only one used on fewer cores; the others are a sparse array
- * by line, then by the class's central slot. */
+ * from a slab that another core filled is a cache miss per block. Each line's share
+ * (keel_home_t) has its own lock too, which guards the slabs on that line: a take locks
+ * its own line, a put the line of each run's slab (central.h). Line 0's share is the
+ * entry's own `home`, the only one used on fewer cores; the others are a sparse array by
+ * line, then by the class's central slot. */
 static keel_home_t homes[KEEL_TRANSFER_LINES - 1][KEEL_NUM_CLASSES] KEEL_SPARSE_BSS;
 
 static inline keel_home_t* home_of(keel_central_t* cl, unsigned line) {
@@ -124,13 +126,18 @@ static inline uint32_t class_lines(const keel_central_t* cl) {
   return (uint32_t)__atomic_load_n(&cl->lines, __ATOMIC_RELAXED) | 1u;
 }
 
+/* The lock of the lowest line in mask m. */
+static inline keel_lock_t* lowest_lock(keel_central_t* cl, uint32_t m) {
+  return &home_of(cl, (unsigned)__builtin_ctz(m))->lock;
+}
+
 void _keel_central_lock_class(keel_central_t* cl) {
   keel_lock(&cl->home.lock); /* first: a line joins only with it held */
-  for (uint32_t m = class_lines(cl) & ~1u; m != 0; m &= m - 1) keel_lock(&home_of(cl, (unsigned)__builtin_ctz(m))->lock);
+  for (uint32_t m = class_lines(cl) & ~1u; m != 0; m &= m - 1) keel_lock(lowest_lock(cl, m));
 }
 
 void _keel_central_unlock_class(keel_central_t* cl) {
-  for (uint32_t m = class_lines(cl) & ~1u; m != 0; m &= m - 1) keel_unlock(&home_of(cl, (unsigned)__builtin_ctz(m))->lock);
+  for (uint32_t m = class_lines(cl) & ~1u; m != 0; m &= m - 1) keel_unlock(lowest_lock(cl, m));
   keel_unlock(&cl->home.lock);
 }
 
@@ -138,8 +145,8 @@ bool _keel_central_trylock_class(keel_central_t* cl) {
   if (!keel_trylock(&cl->home.lock)) return false;
   uint32_t lines = class_lines(cl) & ~1u;
   for (uint32_t m = lines; m != 0; m &= m - 1) {
-    if (keel_trylock(&home_of(cl, (unsigned)__builtin_ctz(m))->lock)) continue;
-    for (uint32_t u = lines & ~m; u != 0; u &= u - 1) keel_unlock(&home_of(cl, (unsigned)__builtin_ctz(u))->lock);
+    if (keel_trylock(lowest_lock(cl, m))) continue;
+    for (uint32_t u = lines & ~m; u != 0; u &= u - 1) keel_unlock(lowest_lock(cl, u));
     keel_unlock(&cl->home.lock);
     return false;
   }
@@ -151,9 +158,9 @@ bool _keel_central_trylock_class(keel_central_t* cl) {
 static KEEL_COLD void class_add_line(keel_central_t* cl, unsigned line) {
   keel_lock(&cl->home.lock);
   uint32_t lines = class_lines(cl) | (1u << line);
-  for (uint32_t m = lines & ~1u; m != 0; m &= m - 1) keel_lock(&home_of(cl, (unsigned)__builtin_ctz(m))->lock);
+  for (uint32_t m = lines & ~1u; m != 0; m &= m - 1) keel_lock(lowest_lock(cl, m));
   __atomic_store_n(&cl->lines, (uint16_t)lines, __ATOMIC_RELAXED);
-  for (uint32_t m = lines & ~1u; m != 0; m &= m - 1) keel_unlock(&home_of(cl, (unsigned)__builtin_ctz(m))->lock);
+  for (uint32_t m = lines & ~1u; m != 0; m &= m - 1) keel_unlock(lowest_lock(cl, m));
   keel_unlock(&cl->home.lock);
 }
 
@@ -166,7 +173,7 @@ uint64_t _keel_central_out(const keel_central_t* cl) {
 
 void _keel_central_lock_read(unsigned cls, struct keel_lock_stats_s* sum) {
   keel_central_t* cl = keel_central_of(cls);
-  for (uint32_t m = class_lines(cl); m != 0; m &= m - 1) _keel_lock_read(&home_of(cl, (unsigned)__builtin_ctz(m))->lock, sum);
+  for (uint32_t m = class_lines(cl); m != 0; m &= m - 1) _keel_lock_read(lowest_lock(cl, m), sum);
 }
 
 /* A slab's partial list: ordinary slabs by home line; profile-sample slabs apart. */
@@ -649,8 +656,6 @@ static KEEL_NOINLINE void slab_put_bits(keel_central_t* cl, unsigned cls, keel_s
   if (!s->in_partial) partial_push(cl, s);
 }
 
-/* Block p of class cls, its slab and its index, or a stop naming the bad free (cl's
- * lock released first if held). */
 /* What a caller holds of a class, let go before a misuse is reported: nothing, one
  * line's lock, or the class's (all of its lines'). */
 typedef struct held_s {
@@ -665,7 +670,9 @@ static KEEL_COLD void let_go(held_t held) {
   else if (held.cl != NULL) _keel_central_unlock_class(held.cl);
 }
 
-static inline __attribute__((always_inline)) keel_slab_t* slab_of_block(held_t held, unsigned cls, const void* p, size_t* idx) {
+/* Block p of class cls, its slab and its index, or a stop naming the bad free (what is
+ * held let go first). */
+static KEEL_ALWAYS_INLINE keel_slab_t* slab_of_block(held_t held, unsigned cls, const void* p, size_t* idx) {
   keel_slab_t* s = slab_of(p);
   long i = s->state == KEEL_UNIT_SLAB && s->cls == cls ? block_index(cls, s, p) : -1;
   if (i < 0) {
@@ -707,8 +714,8 @@ typedef struct put_run_s {
 /* Groups list into at most PUT_RUNS runs, taking at most *left of its blocks (counted
  * down); returns what is left of it. A block twice in a run is a double free; held is
  * the class's central list if its lock is held. */
-static inline __attribute__((always_inline)) void* group_list(held_t held, unsigned cls, void* list, uint32_t* left, put_run_t* runs,
-                        unsigned* nruns) {
+static KEEL_ALWAYS_INLINE void* group_list(held_t held, unsigned cls, void* list, uint32_t* left,
+                                           put_run_t* runs, unsigned* nruns) {
   const keel_class_t* k = &_keel_classes[cls];
   unsigned r = 0;
   while (list != NULL && *left != 0 && r < PUT_RUNS) {
@@ -754,8 +761,10 @@ static void put_run(keel_central_t* cl, held_t held, unsigned cls, const put_run
   keel_slab_t* s = run->slab;
   uint64_t twice = s->state == KEEL_UNIT_SLAB && s->cls == cls ? keel_slab_word(s, k->count, run->word) & run->mask
                                                                : run->mask;
-  if (KEEL_UNLIKELY(twice != 0))
-    double_free(held, cls, (char*)slab_base(keel_chunk_of(s), s) + ((size_t)run->word * 64 + (size_t)__builtin_ctzll(twice)) * k->size);
+  if (KEEL_UNLIKELY(twice != 0)) {
+    size_t idx = (size_t)run->word * 64 + (size_t)__builtin_ctzll(twice);
+    double_free(held, cls, (char*)slab_base(keel_chunk_of(s), s) + idx * k->size);
+  }
   slab_put_bits(cl, cls, s, run->word, run->mask, run->n);
 }
 
@@ -780,7 +789,8 @@ static void put_runs_by_line(keel_central_t* cl, unsigned cls, const put_run_t* 
   _Static_assert(PUT_RUNS <= 32, "runs are a 32-bit mask");
   while (done != all) {
     /* (masked: a slab freed twice may no longer be one, which put_run reports) */
-    unsigned line = __atomic_load_n(&runs[__builtin_ctz(~done)].slab->home, __ATOMIC_RELAXED) & (KEEL_TRANSFER_LINES - 1);
+    unsigned line =
+        __atomic_load_n(&runs[__builtin_ctz(~done)].slab->home, __ATOMIC_RELAXED) & (KEEL_TRANSFER_LINES - 1);
     keel_home_t* h = home_of(cl, line);
     keel_lock(&h->lock);
     count_trip(cl, h, line);
@@ -904,7 +914,7 @@ void _keel_central_reset_locks(void) {
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     if (!_keel_central_active(cls)) continue;
     keel_central_t* cl = keel_central_of(cls);
-    for (uint32_t m = class_lines(cl); m != 0; m &= m - 1) keel_lock_reset(&home_of(cl, (unsigned)__builtin_ctz(m))->lock);
+    for (uint32_t m = class_lines(cl); m != 0; m &= m - 1) keel_lock_reset(lowest_lock(cl, m));
   }
   keel_lock_reset(&activate_lock);
 }
