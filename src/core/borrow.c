@@ -224,7 +224,7 @@ static KEEL_COLD void* take_hole(unsigned lender, uint32_t now, uint32_t cold, b
   }
   void** p = (void**)((char*)slab_base(keel_chunk_of(s), s) + (size_t)idx * k->size);
   if (s->used == k->count) _keel_slab_became_full(cl, s, k);
-  _keel_central_out_add(_keel_central_home(cl, s->home), 1);
+  home_out_add(_keel_central_home(cl, s->home), 1);
   bool exhausted = cl->partial_lines == 0;
   _keel_central_unlock_class(cl);
   if (KEEL_UNLIKELY(exhausted && __atomic_load_n(&_keel_class_group_pending[lender], __ATOMIC_RELAXED)))

@@ -111,20 +111,7 @@ static inline keel_home_t* home_of(keel_central_t* cl, unsigned line) {
 }
 keel_home_t* _keel_central_home(keel_central_t* cl, unsigned line) { return home_of(cl, line); }
 
-/* A line's count of blocks out, changed under its lock: read without it, as a sum. */
-static inline void out_add(keel_home_t* h, int64_t n) {
-  __atomic_store_n(&h->out, h->out + (uint64_t)n, __ATOMIC_RELAXED);
-}
-void _keel_central_out_add(keel_home_t* h, int64_t n) { out_add(h, n); }
-
 static inline keel_slab_t** home_head(keel_central_t* cl, unsigned line) { return &home_of(cl, line)->partial; }
-
-/* The lines whose locks make up the class's: line 0 and those that ever held a slab of
- * it. A line joins under the class's lock and its own, and never leaves, so a slab is
- * only ever on a line the class's lock covers. */
-static inline uint32_t class_lines(const keel_central_t* cl) {
-  return (uint32_t)__atomic_load_n(&cl->lines, __ATOMIC_RELAXED) | 1u;
-}
 
 /* The lock of the lowest line in mask m. */
 static inline keel_lock_t* lowest_lock(keel_central_t* cl, uint32_t m) {
@@ -133,17 +120,17 @@ static inline keel_lock_t* lowest_lock(keel_central_t* cl, uint32_t m) {
 
 void _keel_central_lock_class(keel_central_t* cl) {
   keel_lock(&cl->home.lock); /* first: a line joins only with it held */
-  for (uint32_t m = class_lines(cl) & ~1u; m != 0; m &= m - 1) keel_lock(lowest_lock(cl, m));
+  for (uint32_t m = keel_central_lines(cl) & ~1u; m != 0; m &= m - 1) keel_lock(lowest_lock(cl, m));
 }
 
 void _keel_central_unlock_class(keel_central_t* cl) {
-  for (uint32_t m = class_lines(cl) & ~1u; m != 0; m &= m - 1) keel_unlock(lowest_lock(cl, m));
+  for (uint32_t m = keel_central_lines(cl) & ~1u; m != 0; m &= m - 1) keel_unlock(lowest_lock(cl, m));
   keel_unlock(&cl->home.lock);
 }
 
 bool _keel_central_trylock_class(keel_central_t* cl) {
   if (!keel_trylock(&cl->home.lock)) return false;
-  uint32_t lines = class_lines(cl) & ~1u;
+  uint32_t lines = keel_central_lines(cl) & ~1u;
   for (uint32_t m = lines; m != 0; m &= m - 1) {
     if (keel_trylock(lowest_lock(cl, m))) continue;
     for (uint32_t u = lines & ~m; u != 0; u &= u - 1) keel_unlock(lowest_lock(cl, u));
@@ -153,11 +140,12 @@ bool _keel_central_trylock_class(keel_central_t* cl) {
   return true;
 }
 
-/* No Keel lock held: line joins the class's lines (the class's lock and its own, in line
- * order, held while it does). */
+/* No Keel lock held: line joins the class's lines (keel_central_lines), with the class's
+ * lock and its own held, in line order. A line never leaves, so a slab is only ever on a
+ * line the class's lock covers. */
 static KEEL_COLD void class_add_line(keel_central_t* cl, unsigned line) {
   keel_lock(&cl->home.lock);
-  uint32_t lines = class_lines(cl) | (1u << line);
+  uint32_t lines = keel_central_lines(cl) | (1u << line);
   for (uint32_t m = lines & ~1u; m != 0; m &= m - 1) keel_lock(lowest_lock(cl, m));
   __atomic_store_n(&cl->lines, (uint16_t)lines, __ATOMIC_RELAXED);
   for (uint32_t m = lines & ~1u; m != 0; m &= m - 1) keel_unlock(lowest_lock(cl, m));
@@ -166,14 +154,14 @@ static KEEL_COLD void class_add_line(keel_central_t* cl, unsigned line) {
 
 uint64_t _keel_central_out(const keel_central_t* cl) {
   uint64_t out = 0;
-  for (uint32_t m = class_lines(cl); m != 0; m &= m - 1)
+  for (uint32_t m = keel_central_lines(cl); m != 0; m &= m - 1)
     out += __atomic_load_n(&home_of((keel_central_t*)cl, (unsigned)__builtin_ctz(m))->out, __ATOMIC_RELAXED);
   return out;
 }
 
 void _keel_central_lock_read(unsigned cls, struct keel_lock_stats_s* sum) {
   keel_central_t* cl = keel_central_of(cls);
-  for (uint32_t m = class_lines(cl); m != 0; m &= m - 1) _keel_lock_read(lowest_lock(cl, m), sum);
+  for (uint32_t m = keel_central_lines(cl); m != 0; m &= m - 1) _keel_lock_read(lowest_lock(cl, m), sum);
 }
 
 /* A slab's partial list: ordinary slabs by home line; profile-sample slabs apart. */
@@ -249,9 +237,9 @@ static KEEL_COLD keel_slab_t* partial_adopt(keel_central_t* cl, unsigned line) {
     if (s != NULL) {
       if (s->next != NULL) s = s->next;
       partial_remove(cl, s);
-      out_add(h, -(int64_t)s->used);
+      home_out_add(h, -(int64_t)s->used);
       __atomic_store_n(&s->home, (uint8_t)line, __ATOMIC_RELAXED);
-      out_add(home_of(cl, line), s->used);
+      home_out_add(home_of(cl, line), s->used);
       partial_push(cl, s);
     }
     keel_unlock(&h->lock);
@@ -531,7 +519,7 @@ void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) {
  * lines, first if needed) and returns the class. No Keel lock may be held. */
 static inline keel_central_t* lock_line(unsigned cls, unsigned line) {
   keel_central_t* cl = KEEL_UNLIKELY(!_keel_central_active(cls)) ? _keel_central_activate(cls) : keel_central_of(cls);
-  if (KEEL_UNLIKELY(!(class_lines(cl) & (1u << line)))) class_add_line(cl, line);
+  if (KEEL_UNLIKELY(!(keel_central_lines(cl) & (1u << line)))) class_add_line(cl, line);
   keel_lock(&home_of(cl, line)->lock);
   return cl;
 }
@@ -572,7 +560,7 @@ void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
     if (s->used == k->count) slab_became_full(cl, s, k);
   }
   if (n > 0) stamp_take(cl);
-  out_add(h, n);
+  home_out_add(h, n);
   bool exhausted = __atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) == 0;
   keel_unlock(&h->lock);
   void* head = taken_link(&taken);
@@ -598,7 +586,7 @@ KEEL_COLD void* _keel_central_take_sampled(unsigned cls) {
   if (s != NULL) {
     slab_take(s, cls, 1, &taken);
     if (s->used == _keel_classes[cls].count) slab_became_full(cl, s, &_keel_classes[cls]);
-    out_add(&cl->home, 1);
+    home_out_add(&cl->home, 1);
   }
   keel_unlock(&cl->home.lock);
   return taken_link(&taken);
@@ -635,7 +623,7 @@ static KEEL_NOINLINE void slab_put_bits(keel_central_t* cl, unsigned cls, keel_s
   s->put_tick = now;
   if (w < s->scan) s->scan = (uint16_t)w;
   s->used = (uint16_t)(s->used - n);
-  out_add(home_of(cl, s->home), -(int64_t)n);
+  home_out_add(home_of(cl, s->home), -(int64_t)n);
   uint32_t cold = __atomic_load_n(&_keel_cold_ticks, __ATOMIC_RELAXED);
   if (KEEL_UNLIKELY(cold != 0 && now - __atomic_load_n(&cl->take_tick, __ATOMIC_RELAXED) >= cold) && s->used > 0)
     _keel_slab_purge_freed(k, s, w, mask);
@@ -778,10 +766,10 @@ static void put_runs(keel_central_t* cl, unsigned cls, const put_run_t* runs, un
  * changes only under that line's lock (partial_adopt), so it is read again once the
  * lock is held; a run whose slab has moved waits for its new line's turn. */
 static void put_runs_by_line(keel_central_t* cl, unsigned cls, const put_run_t* runs, unsigned nruns) {
-  if (class_lines(cl) == 1) { /* one line: its lock is the class's */
+  if (keel_central_lines(cl) == 1) { /* one line: its lock is the class's */
     keel_lock(&cl->home.lock);
     count_trip(cl, &cl->home, 0);
-    for (unsigned r = 0; r < nruns; r++) put_run(cl, (held_t){cl, &cl->home}, cls, &runs[r]);
+    put_runs(cl, cls, runs, nruns);
     keel_unlock(&cl->home.lock);
     return;
   }
@@ -914,7 +902,7 @@ void _keel_central_reset_locks(void) {
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     if (!_keel_central_active(cls)) continue;
     keel_central_t* cl = keel_central_of(cls);
-    for (uint32_t m = class_lines(cl); m != 0; m &= m - 1) keel_lock_reset(lowest_lock(cl, m));
+    for (uint32_t m = keel_central_lines(cl); m != 0; m &= m - 1) keel_lock_reset(lowest_lock(cl, m));
   }
   keel_lock_reset(&activate_lock);
 }

@@ -74,10 +74,12 @@ static inline bool _keel_central_busy(unsigned cls) {
 void _keel_central_lock_class(keel_central_t* cl) KEEL_INTERNAL;
 bool _keel_central_trylock_class(keel_central_t* cl) KEEL_INTERNAL;
 void _keel_central_unlock_class(keel_central_t* cl) KEEL_INTERNAL;
-/* Line `line`'s share of the class (line 0's is cl->home), and a change to its count of
- * blocks out (its lock held). */
+/* Line `line`'s share of the class (line 0's is cl->home). */
 keel_home_t* _keel_central_home(keel_central_t* cl, unsigned line) KEEL_INTERNAL;
-void _keel_central_out_add(keel_home_t* h, int64_t n) KEEL_INTERNAL;
+/* The lines whose locks make up the class's: line 0 and those that ever held a slab of it. */
+static inline uint32_t keel_central_lines(const keel_central_t* cl) {
+  return (uint32_t)__atomic_load_n(&cl->lines, __ATOMIC_RELAXED) | 1u;
+}
 /* Blocks out of the class's slabs, summed over its lines (exact under the class's lock). */
 uint64_t _keel_central_out(const keel_central_t* cl) KEEL_INTERNAL;
 struct keel_lock_stats_s;

@@ -20,6 +20,12 @@ static inline keel_slab_t* slab_of(const void* p) {
   return keel_span_head(c, keel_unit_index(p));
 }
 
+/* Line share h's count of blocks out changes (its lock held): a relaxed store, as it is
+ * read without the lock (summed, _keel_central_out). */
+static inline void home_out_add(keel_home_t* h, int64_t n) {
+  __atomic_store_n(&h->out, h->out + (uint64_t)n, __ATOMIC_RELAXED);
+}
+
 /* Takes the class lock of cls (every line's), activating the class first if needed. No
  * Keel lock may be held (activate_lock comes before the central locks in the fork
  * handlers' order). */

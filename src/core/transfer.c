@@ -81,8 +81,9 @@ static inline void stamp(transfer_line_t* l) {
   if (__atomic_load_n(&l->touched, __ATOMIC_RELAXED) != now) __atomic_store_n(&l->touched, now, __ATOMIC_RELAXED);
 }
 
-/* The first empty slot a put may use, or NULL. */
-static void** empty_slot(unsigned cls) {
+_Static_assert(offsetof(transfer_line_t, slot) == 0, "a slot's line is its address rounded down to 64");
+
+void** _keel_transfer_room(unsigned cls) {
   const keel_class_t* k = &_keel_classes[cls];
   unsigned used = _keel_transfer_lines(), cap = line_cap(k, used), home = home_line(used);
   /* On many cores, while the thread caches fit the lines (each thread likely alone on
@@ -114,12 +115,10 @@ static inline void* entry_of(void* list, bool half) { return (void*)((uintptr_t)
 
 bool _keel_transfer_put(unsigned cls, void* list, bool half) {
   keel_assert(_keel_central_active(cls) && ((uintptr_t)list & 1) == 0);
-  for (void** slot; (slot = empty_slot(cls)) != NULL;)
+  for (void** slot; (slot = _keel_transfer_room(cls)) != NULL;)
     if (park_at(slot, entry_of(list, half))) return true;
   return false;
 }
-
-void** _keel_transfer_room(unsigned cls) { return empty_slot(cls); }
 
 bool _keel_transfer_put_at(void** slot, unsigned cls, void* list, bool half) {
   keel_assert(_keel_central_active(cls) && ((uintptr_t)list & 1) == 0);

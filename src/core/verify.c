@@ -36,7 +36,7 @@ static void verify_slab(keel_chunk_t* c, unsigned k, keel_slab_t* s) {
            (s->sampled ? KEEL_KIND_SAMPLED : s->carved ? KEEL_KIND_CARVED : cls));
   }
   /* A slab's line is one whose lock makes up the class's (central.c); a sample slab's is 0. */
-  VERIFY(s->home < KEEL_TRANSFER_LINES && ((keel_central_of(cls)->lines | 1u) >> s->home & 1) && !(s->sampled && s->home));
+  VERIFY(s->home < KEEL_TRANSFER_LINES && (keel_central_lines(keel_central_of(cls)) >> s->home & 1) && !(s->sampled && s->home));
   used_by_line[cls][s->home] += s->used;
 }
 
@@ -112,7 +112,7 @@ void _keel_verify(void) {
     keel_central_t* cl = keel_central_of(cls);
     const keel_class_t* kc = &_keel_classes[cls];
     for (unsigned line = 0; line < KEEL_TRANSFER_LINES; line++)
-      VERIFY(used_by_line[cls][line] == (((cl->lines | 1u) >> line & 1) ? _keel_central_home(cl, line)->out : 0));
+      VERIFY(used_by_line[cls][line] == ((keel_central_lines(cl) >> line & 1) ? _keel_central_home(cl, line)->out : 0));
     unsigned check_cls = cls;
     _keel_transfer_each(cls, verify_parked, &check_cls);
     keel_slab_t* cursor = cl->lend_cursor;
