@@ -766,12 +766,18 @@ static void put_runs(keel_central_t* cl, unsigned cls, const put_run_t* runs, un
  * changes only under that line's lock (partial_adopt), so it is read again once the
  * lock is held; a run whose slab has moved waits for its new line's turn. */
 static void put_runs_by_line(keel_central_t* cl, unsigned cls, const put_run_t* runs, unsigned nruns) {
-  if (keel_central_lines(cl) == 1) { /* one line: its lock is the class's */
+  /* One line: its lock is the class's. A class that has more keeps them; one that seems
+   * to have one is asked again with line 0's lock held, which a line needs to join (the
+   * first read may be stale, and a slab already another line's). */
+  if (keel_central_lines(cl) == 1) {
     keel_lock(&cl->home.lock);
-    count_trip(cl, &cl->home, 0);
-    put_runs(cl, cls, runs, nruns);
+    if (keel_central_lines(cl) == 1) {
+      count_trip(cl, &cl->home, 0);
+      put_runs(cl, cls, runs, nruns);
+      keel_unlock(&cl->home.lock);
+      return;
+    }
     keel_unlock(&cl->home.lock);
-    return;
   }
   uint32_t done = 0, all = nruns == 32 ? ~(uint32_t)0 : ((uint32_t)1 << nruns) - 1;
   _Static_assert(PUT_RUNS <= 32, "runs are a 32-bit mask");
