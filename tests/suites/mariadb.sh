@@ -69,7 +69,26 @@ if [[ $lib != glibc ]]; then
         maps=$(cat "/proc/$p/maps" 2>/dev/null)
         [[ $maps == *libc.so* ]] || continue
         done_pids[$p]=1
-        if [[ $maps == *"$lib"* ]]; then seen=$((seen + 1)); else bad=$((bad + 1)); fi
+        # A read of maps is not one snapshot (Linux 6.18 reads it without the mmap lock,
+        # page by page): one without the library is read again. A process cannot map a
+        # preload after libc, so a later read that shows it proves it was there.
+        for again in 1 2 3; do
+          [[ $maps == *"$lib"* ]] && break
+          sleep 0.2
+          m=$(cat "/proc/$p/maps" 2>/dev/null)
+          [[ -z $m ]] && break  # gone: judged on the read there was
+          maps=$m
+          echo "pid $p: maps read again ($again)" >>"$work/preload-reread"
+        done
+        if [[ $maps == *"$lib"* ]]; then seen=$((seen + 1)); else
+          bad=$((bad + 1))
+          # What it was, so that a failure explains itself in the log.
+          { echo "pid $p: $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)"
+            grep -E '^(State|PPid|Uid):' "/proc/$p/status" 2>/dev/null
+            echo "LD_PRELOAD in its environment: $(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep '^LD_PRELOAD=' || echo none)"
+            echo "its mapped files:"; awk '$6 ~ /\// {print $6}' <<<"$maps" | uniq
+          } >"$work/preload-bad.$p" 2>&1
+        fi
         echo "$seen $bad" >"$work/preload-check"
       done
       sleep 1
@@ -89,6 +108,10 @@ rc=$?
 secs=$((SECONDS - t0))
 check="0 0"
 [[ -f $work/preload-check ]] && check=$(cat "$work/preload-check")
+[[ -f $work/preload-reread ]] && cat "$work/preload-reread" >>"$log"
+for f in "$work"/preload-bad.*; do
+  [[ -f $f ]] && { echo "== a mariadbd without the library"; cat "$f"; } | tee -a "$log"
+done
 
 /usr/bin/python3 - "$log" "$out" "$mode" "$lib" "$secs" "$rc" "$check" <<'PY'
 import json, re, sys
