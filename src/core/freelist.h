@@ -90,6 +90,30 @@ static inline void* keel_list_nth_tail(void* list, uint32_t n, unsigned cls) {
   return last;
 }
 
+/* ---- a batch's index ------------------------------------------------------------------
+ * A batch parked by one thread is usually taken by a thread on another core, where each
+ * of its blocks is a cache miss, and following the links meets them one after another:
+ * one per malloc. So a batch parked whole carries its blocks' addresses in the words
+ * after the link and the free key of its first blocks, as a tree in which block j
+ * (in list order) names blocks 1 + j*f .. j*f + f; a taker reads it to prefetch every
+ * block at once. Each word is encoded like a link, with the word's own address mixed
+ * in. Blocks under 32 bytes have no word to spare (f = 0). */
+#define KEEL_INDEX_FANOUT 8u /* most addresses one block holds */
+static inline unsigned keel_index_fanout(size_t size) {
+  size_t f = size / sizeof(uintptr_t) - 2;
+  return size < 4 * sizeof(uintptr_t) ? 0u : f < KEEL_INDEX_FANOUT ? (unsigned)f : KEEL_INDEX_FANOUT;
+}
+static inline void keel_index_set(void* q, unsigned i, const void* to) {
+  uintptr_t* w = (uintptr_t*)q + 2 + i;
+  *w = keel_link_word_to(w, (uintptr_t)to);
+}
+/* Entry i of block q's index, or NULL where it does not decode to a block start. */
+static inline void* keel_index_get(const void* q, unsigned i) {
+  const uintptr_t* w = (const uintptr_t*)q + 2 + i;
+  uintptr_t to = keel_link_word_to(w, *w);
+  return (to & 15) == 0 && to != 0 ? (void*)to : NULL;
+}
+
 /* Whether a bin's head is a block (not KEEL_LINK_END, nor a corrupt link): the fast
  * path's one test. */
 static inline bool keel_bin_head_ok(uintptr_t first) {

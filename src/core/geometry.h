@@ -22,6 +22,7 @@
 #define KEEL_NUM_CLASSES 128              /* classes 1..127 (a page-map byte below 0x80); 0: none */
 #define KEEL_LARGE_MAX ((size_t)1 << 20)  /* larger blocks get their own mapping */
 #define KEEL_SLAB_MAX_OBJECTS 4096        /* 64 KiB of 16-byte blocks */
+#define KEEL_BATCH_MAX 32u                /* blocks moved between the tiers at once */
 #define KEEL_MAX_ALLOC ((size_t)PTRDIFF_MAX - (64u << 20)) /* larger requests: ENOMEM */
 
 /* Page map tags (values above the size classes). A byte >= 0x80 reads as negative as

@@ -54,7 +54,7 @@ static void set_serving(unsigned cls, unsigned serving) {
 #define C_UNITS(sz) (C_FITS(sz, 1u) ? 1u : C_FITS(sz, 2u) ? 2u : C_FITS(sz, 4u) ? 4u : C_FITS(sz, 8u) ? 8u : 16u)
 #define C_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define C_CLAMP(v, lo, hi) ((v) < (lo) ? (lo) : (v) > (hi) ? (hi) : (v))
-#define C_BATCH0(sz) C_CLAMP(8192u / (sz), 1u, 32u)
+#define C_BATCH0(sz) C_CLAMP(8192u / (sz), 1u, KEEL_BATCH_MAX)
 #define C_BATCH(sz) (C_BATCH0(sz) > 1u ? C_BATCH0(sz) & ~1u : 1u)
 #define C_CACHED(sz) ((sz) <= KEEL_CACHED_MAX)
 #define C_BIN_LIMIT(sz) (C_CACHED(sz) ? C_CLAMP(16384u / (sz), 2u * C_BATCH(sz), 1024u) : 0u)

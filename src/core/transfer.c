@@ -3,7 +3,8 @@
  * next needs them without a lock.
  *
  * Each class has a row of slots on each of up to KEEL_TRANSFER_LINES cache lines. A slot
- * holds NULL or one batch (a NULL-terminated list; its low bit set for a half batch): a
+ * holds NULL or one batch (a NULL-terminated list; its low bit set for a half batch, the
+ * next for one that carries its index, freelist.h): a
  * put is one compare-and-swap from NULL, a get one exchange to NULL, so neither can meet
  * an ABA problem and neither waits for another thread. A thread starts its search on the
  * line of the processor it runs on (rseq's cpu_id) and goes on round the others: threads
@@ -20,7 +21,7 @@
 
 #define LINE_SLOTS 7
 typedef struct transfer_line_s {
-  void* slot[LINE_SLOTS]; /* NULL, or a batch (low bit: a half batch) */
+  void* slot[LINE_SLOTS]; /* NULL, or a batch (low bits: a half batch, indexed) */
   uint32_t touched;       /* purger tick of the last put or get on this line */
   uint32_t pad;
 } __attribute__((aligned(64))) transfer_line_t;
@@ -111,26 +112,35 @@ static bool park_at(void** slot, void* entry) {
   return true;
 }
 
-static inline void* entry_of(void* list, bool half) { return (void*)((uintptr_t)list | (half ? 1u : 0u)); }
+#define ENTRY_HALF 1u
+#define ENTRY_INDEXED 2u
+static inline void* entry_of(void* list, bool half, bool indexed) {
+  return (void*)((uintptr_t)list | (half ? ENTRY_HALF : 0u) | (indexed ? ENTRY_INDEXED : 0u));
+}
 
-bool _keel_transfer_put(unsigned cls, void* list, bool half) {
-  keel_assert(_keel_central_active(cls) && ((uintptr_t)list & 1) == 0);
+static bool put(unsigned cls, void* entry) {
   for (void** slot; (slot = _keel_transfer_room(cls)) != NULL;)
-    if (park_at(slot, entry_of(list, half))) return true;
+    if (park_at(slot, entry)) return true;
   return false;
 }
 
-bool _keel_transfer_put_at(void** slot, unsigned cls, void* list, bool half) {
-  keel_assert(_keel_central_active(cls) && ((uintptr_t)list & 1) == 0);
-  return park_at(slot, entry_of(list, half)) || _keel_transfer_put(cls, list, half);
+bool _keel_transfer_put(unsigned cls, void* list, bool half) {
+  keel_assert(_keel_central_active(cls) && ((uintptr_t)list & 15) == 0);
+  return put(cls, entry_of(list, half, false));
+}
+
+bool _keel_transfer_put_at(void** slot, unsigned cls, void* list, bool half, bool indexed) {
+  keel_assert(_keel_central_active(cls) && ((uintptr_t)list & 15) == 0);
+  void* e = entry_of(list, half, indexed);
+  return park_at(slot, e) || put(cls, e);
 }
 
 static inline void* entry_list(void* e, const keel_class_t* k, uint32_t* n) {
-  *n = ((uintptr_t)e & 1) ? k->batch / 2u : k->batch;
-  return (void*)((uintptr_t)e & ~(uintptr_t)1);
+  *n = ((uintptr_t)e & ENTRY_HALF) ? k->batch / 2u : k->batch;
+  return (void*)((uintptr_t)e & ~(uintptr_t)(ENTRY_HALF | ENTRY_INDEXED));
 }
 
-void* _keel_transfer_get(unsigned cls, uint32_t* n) {
+void* _keel_transfer_get(unsigned cls, uint32_t* n, bool* indexed) {
   const keel_class_t* k = &_keel_classes[cls];
   unsigned used = _keel_transfer_lines(), home = home_line(used);
   /* The slots a put may fill: a line's cap, or all of them on lines filled before the
@@ -142,6 +152,7 @@ void* _keel_transfer_get(unsigned cls, uint32_t* n) {
       void* e = __atomic_exchange_n(&l->slot[s], NULL, __ATOMIC_ACQUIRE);
       if (e != NULL) {
         stamp(l);
+        *indexed = ((uintptr_t)e & ENTRY_INDEXED) != 0;
         return entry_list(e, k, n);
       }
     }

@@ -32,9 +32,10 @@ bool _keel_transfer_put(unsigned cls, void* list, bool half) KEEL_INTERNAL;
 /* The empty slot a put would take now, or NULL (a hint: another thread may fill it), and
  * a put that tries that slot first. */
 void** _keel_transfer_room(unsigned cls) KEEL_INTERNAL;
-bool _keel_transfer_put_at(void** slot, unsigned cls, void* list, bool half) KEEL_INTERNAL;
-/* A parked list of cls and its length (a batch or half of one), or NULL. */
-void* _keel_transfer_get(unsigned cls, uint32_t* n) KEEL_INTERNAL;
+bool _keel_transfer_put_at(void** slot, unsigned cls, void* list, bool half, bool indexed) KEEL_INTERNAL;
+/* A parked list of cls, its length (a batch or half of one) and whether it carries its
+ * index (freelist.h), or NULL. */
+void* _keel_transfer_get(unsigned cls, uint32_t* n, bool* indexed) KEEL_INTERNAL;
 bool _keel_transfer_any(unsigned cls) KEEL_INTERNAL; /* a hint: something is parked */
 /* A parked list from a line no put or get has used for idle_ticks (0: any), or NULL. */
 void* _keel_transfer_take_idle(unsigned cls, uint32_t now, uint32_t idle_ticks, uint32_t* n) KEEL_INTERNAL;

@@ -585,6 +585,42 @@ static void test_freelist_attacks(void) {
   keel_purge();
 }
 
+/* A bin's surplus parked whole carries its index (freelist.h): block j of the batch names
+ * blocks 1 + j*f .. j*f + f. 16-byte blocks have no room for it. A batch whose index a
+ * use-after-free overwrote is still taken whole and intact (the index is only read for
+ * prefetches). */
+static void test_batch_index(void) {
+  TEST_SECTION("a parked batch's index");
+  static const size_t sizes[] = {16, 32, 48, 64, 256};
+  for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+    unsigned cls = keel_size_class(sizes[si]);
+    const keel_class_t* k = &_keel_classes[cls];
+    unsigned f = keel_index_fanout(k->size);
+    CHECK((k->size < 32) == (f == 0) && f <= KEEL_INDEX_FANOUT);
+    _keel_central_activate(cls);
+    keel_purge();
+    uint32_t got;
+    void* list = _keel_central_take_slabs(cls, k->batch, &got);
+    CHECK(got == k->batch && got >= 3);
+    void* blocks[KEEL_BATCH_MAX];
+    void* q = list;
+    for (uint32_t i = 0; i < got; i++, q = keel_link_next(q, cls)) blocks[i] = q;
+    CHECK(_keel_central_give_front(cls, list, got) == NULL); /* parked: the cache is empty */
+    CHECK(_keel_central_parked_blocks(cls) == got);
+    for (uint32_t j = 0; f != 0 && 1 + j * f < got; j++)
+      for (uint32_t c = 0; c < f && 1 + j * f + c < got; c++) CHECK(keel_index_get(blocks[j], c) == blocks[1 + j * f + c]);
+    if (f != 0) /* a use-after-free's writes over the index */
+      for (uint32_t j = 0; j < 3; j++) memset((uintptr_t*)blocks[j] + 2, 0x41 + (int)j, f * sizeof(uintptr_t));
+    void* back = _keel_central_take_parked(cls, k->batch, &got);
+    CHECK(back == blocks[0] && got == k->batch);
+    q = back;
+    for (uint32_t i = 0; i < got; i++, q = keel_link_next(q, cls)) CHECK(q == blocks[i]);
+    CHECK(q == NULL);
+    _keel_central_give(cls, back, got);
+    keel_purge();
+  }
+}
+
 /* The transfer cache's lines: a full line's puts go on to the next line, every parked
  * batch is found from any line, and nothing is lost or handed out twice. */
 static void test_transfer_lines(void) {
@@ -597,6 +633,7 @@ static void test_transfer_lines(void) {
   enum { MAXB = 64 };
   void* lists[MAXB];
   uint32_t nl = 0, got;
+  bool indexed;
   /* Park until the lines in use are full: the next give goes to the slabs. */
   for (;;) {
     CHECK(nl < MAXB);
@@ -614,15 +651,15 @@ static void test_transfer_lines(void) {
   void* back[MAXB];
   for (uint32_t i = 0; i < nl; i++) {
     uint32_t n;
-    back[i] = _keel_transfer_get(cls, &n);
-    CHECK(back[i] != NULL && n == k->batch);
+    back[i] = _keel_transfer_get(cls, &n, &indexed);
+    CHECK(back[i] != NULL && n == k->batch && !indexed);
     uint32_t seen = 0;
     for (uint32_t j = 0; j < nl; j++) seen += lists[j] == back[i];
     CHECK(seen == 1);
     for (uint32_t j = 0; j < nl; j++)
       if (lists[j] == back[i]) lists[j] = NULL;
   }
-  CHECK(!_keel_transfer_any(cls) && _keel_transfer_get(cls, &got) == NULL);
+  CHECK(!_keel_transfer_any(cls) && _keel_transfer_get(cls, &got, &indexed) == NULL);
   for (uint32_t i = 0; i < nl; i++) _keel_central_give(cls, back[i], k->batch);
   keel_purge();
   CHECK(_keel_central_parked_blocks(cls) == 0 && _keel_central_out(keel_central_of(cls)) == 0);
@@ -1187,6 +1224,7 @@ int main(void) {
   test_options();
   test_thread_cache();
   test_half_batches();
+  test_batch_index();
   test_transfer_lines();
   test_freelist_attacks();
   test_fine_classes();
