@@ -13,7 +13,10 @@ and the sleeps. Same machine-wide lock as run.py: one benchmark at a time.
                            [--scale 1] [--max N] [--json OUT]
 
 --max N makes it a check: exit 1 if any program takes more than N central locks per
-1,000 malloc+free pairs (tests/CMakeLists.txt runs it so).
+1,000 malloc+free pairs in each of its runs (tests/CMakeLists.txt runs it so). The
+fewest of the runs is what is checked: a process that loses its core while between
+its line and the next trips to the slabs more, so a loaded machine only adds trips
+(mpmc64 at 8 threads: 0.1-1.2 on an idle 2-core VM, up to 10 beside a busy loop).
 """
 import argparse
 import fcntl
@@ -90,9 +93,10 @@ def main():
             walls = sorted(r[0] for r in runs)
             mid = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
             pairs = PAIRS[name](mid[1])
+            fewest = min(r[2].get("central", (0, 0, 0))[0] * 1000.0 / PAIRS[name](r[1]) for r in runs)
             row = {"program": name, "threads": threads, "wall_s": statistics.median(walls),
-                   "pairs": pairs, "locks": {k: dict(zip(("acquired", "contended", "sleeps"), v))
-                                             for k, v in mid[2].items()}}
+                   "pairs": pairs, "central_fewest_per_1k": fewest,
+                   "locks": {k: dict(zip(("acquired", "contended", "sleeps"), v)) for k, v in mid[2].items()}}
             rows.append(row)
     print(f"Keel lock counters, {a.runs} runs per point (median wall; counters of the median run)")
     print(f"{'program':12} {'threads':>7} {'wall s':>7} | {'central/1k':>10} {'contended':>9} {'sleeps':>7}"
@@ -109,11 +113,10 @@ def main():
         with open(a.json, "w") as f:
             json.dump({"runs": a.runs, "rows": rows}, f, indent=1)
     if a.max is not None:
-        over = [r for r in rows
-                if r["locks"].get("central", {"acquired": 0})["acquired"] * 1000.0 / r["pairs"] > a.max]
+        over = [r for r in rows if r["central_fewest_per_1k"] > a.max]
         for r in over:
             print(f"FAILED: {r['program']} at {r['threads']} threads takes more than {a.max} central locks"
-                  " per 1,000 malloc+free pairs")
+                  f" per 1,000 malloc+free pairs in every run (fewest: {r['central_fewest_per_1k']:.2f})")
         if over:
             sys.exit(1)
 

@@ -487,8 +487,10 @@ static inline void stamp_take(keel_central_t* cl) {
 static bool index_write(void* const* blocks, uint32_t n, const keel_class_t* k) {
   unsigned f = keel_index_fanout(k->size);
   if (f == 0 || n < 3) return false;
-  for (uint32_t j = 0; 1 + j * f < n; j++)
-    for (uint32_t c = 0; c < f && 1 + j * f + c < n; c++) keel_index_set(blocks[j], c, blocks[1 + j * f + c]);
+  for (uint32_t i = 1, j = 0, c = 0; i < n; i++) { /* block i is entry c of block j */
+    keel_index_set(blocks[j], c, blocks[i]);
+    if (++c == f) c = 0, j++;
+  }
   return true;
 }
 
@@ -501,13 +503,11 @@ static void index_prefetch(void* list, uint32_t n, unsigned cls) {
   if (f == 0) return;
   void* node[KEEL_BATCH_MAX];
   node[0] = list;
-  for (uint32_t j = 0; 1 + j * f < n; j++) {
-    if (node[j] == NULL || (j > 0 && keel_pagemap_get(node[j]) != cls)) return;
-    for (uint32_t c = 0; c < f && 1 + j * f + c < n; c++) {
-      void* q = keel_index_get(node[j], c);
-      node[1 + j * f + c] = q;
-      if (q != NULL) __builtin_prefetch(q, 1, 3);
-    }
+  for (uint32_t i = 1, j = 0, c = 0; i < n; i++) { /* block i is entry c of block j */
+    if (c == 0 && (node[j] == NULL || (j > 0 && keel_pagemap_get(node[j]) != cls))) return;
+    void* q = node[i] = keel_index_get(node[j], c);
+    if (q != NULL) __builtin_prefetch(q, 1, 3);
+    if (++c == f) c = 0, j++;
   }
 }
 
@@ -578,6 +578,7 @@ void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
       void* list = _keel_transfer_get(cls, &parked, &indexed);
       if (list != NULL) {
         keel_unlock(&h->lock);
+        if (indexed) index_prefetch(list, parked, cls);
         _keel_central_give_slabs(cls, list);
         keel_lock(&h->lock);
         continue;

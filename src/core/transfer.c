@@ -31,23 +31,48 @@ static transfer_line_t lines[KEEL_TRANSFER_LINES][KEEL_NUM_CLASSES] KEEL_SPARSE_
 static unsigned line_count = 1; /* power of two: 1, then 4..16 once the process spreads */
 static bool spread;             /* a second thread cache exists: use every line */
 
+/* Few processors: the lines a class puts to and gets from, four unless it is wide: a
+ * class of blocks of 128 bytes or less whose slabs' lock is busy (central.h) while more
+ * thread caches than four live - many threads trading small blocks, each batch a lock
+ * round trip once four lines are full (mpmc64 at 8 threads on 2 cores: 4.5-6.6 per
+ * 1,000 pairs; on eight lines, 0.1-0.3). It stays wide, so that its batches on the other
+ * lines are found. The others keep four: more room held more free memory (workset's
+ * peak 1.12x with every class on eight lines, 1.05x with its busy small classes at 2
+ * threads) and made every empty class's refill read eight lines. */
+#define FEW_CORES_LINES 4u
+#define WIDE_MAX 128u
+static uint64_t wide[KEEL_NUM_CLASSES / 64];
+
+static KEEL_NOINLINE unsigned class_lines(unsigned cls, unsigned used) {
+  if (used <= FEW_CORES_LINES || keel_many_cores()) return used;
+  uint64_t bit = (uint64_t)1 << (cls % 64);
+  if (__atomic_load_n(&wide[cls / 64], __ATOMIC_RELAXED) & bit) return used;
+  if (_keel_classes[cls].size > WIDE_MAX || __atomic_load_n(&_keel_live_caches, __ATOMIC_RELAXED) <= FEW_CORES_LINES ||
+      !_keel_central_busy(cls))
+    return FEW_CORES_LINES;
+  __atomic_or_fetch(&wide[cls / 64], bit, __ATOMIC_RELAXED);
+  return used;
+}
+
 bool _keel_many_cores; /* transfer.h */
 
 /* A line per processor (or per KEEL_CPUS), at least four: past its own line a thread
  * overflows onto the others, so on two cores the two lines no core starts on are room
- * for the bursts of a class many threads trade in. Counted when a second thread cache
- * appears (the registry lock held), so a single-threaded process makes no system call
- * for it; published before `spread`, which readers load first. */
+ * for the bursts of a class many threads trade in. On fewer than eight, eight lines,
+ * of which a class uses four until it is wide (below). Counted when a second thread
+ * cache appears (the registry lock held), so a single-threaded process makes no system
+ * call for it; published before `spread`, which readers load first. */
 void _keel_transfer_spread(void) {
   if (__atomic_load_n(&spread, __ATOMIC_ACQUIRE)) return;
   uint64_t asked = keel_opt(cpus);
   unsigned cpus = asked == 0                    ? _keel_prim_cpu_count()
                   : asked < KEEL_TRANSFER_LINES ? (unsigned)asked
                                                 : KEEL_TRANSFER_LINES;
-  unsigned n = 4;
+  unsigned n = FEW_CORES_LINES;
   while (n < cpus && n < KEEL_TRANSFER_LINES) n *= 2;
-  __atomic_store_n(&line_count, n, __ATOMIC_RELAXED);
-  __atomic_store_n(&_keel_many_cores, n >= KEEL_MANY_CORES_LINES, __ATOMIC_RELAXED);
+  bool many = n >= KEEL_MANY_CORES_LINES;
+  __atomic_store_n(&line_count, many ? n : KEEL_MANY_CORES_LINES, __ATOMIC_RELAXED);
+  __atomic_store_n(&_keel_many_cores, many, __ATOMIC_RELAXED);
   __atomic_store_n(&spread, true, __ATOMIC_RELEASE);
 }
 
@@ -86,7 +111,7 @@ _Static_assert(offsetof(transfer_line_t, slot) == 0, "a slot's line is its addre
 
 void** _keel_transfer_room(unsigned cls) {
   const keel_class_t* k = &_keel_classes[cls];
-  unsigned used = _keel_transfer_lines(), cap = line_cap(k, used), home = home_line(used);
+  unsigned used = class_lines(cls, _keel_transfer_lines()), cap = line_cap(k, used), home = home_line(used);
   /* On many cores, while the thread caches fit the lines (each thread likely alone on
    * its processor: where this was measured), a batch that does not fit on the thread's
    * own line goes to its slabs (its line's, central.c), not to another core. Threads
@@ -142,7 +167,7 @@ static inline void* entry_list(void* e, const keel_class_t* k, uint32_t* n) {
 
 void* _keel_transfer_get(unsigned cls, uint32_t* n, bool* indexed) {
   const keel_class_t* k = &_keel_classes[cls];
-  unsigned used = _keel_transfer_lines(), home = home_line(used);
+  unsigned used = class_lines(cls, _keel_transfer_lines()), home = home_line(used);
   /* The slots a put may fill: a line's cap, or all of them on lines filled before the
    * process spread (line 0 with the one-line cap) - cheap to look at, never missed. */
   for (unsigned i = 0; i < used; i++) {
