@@ -28,7 +28,7 @@ typedef struct transfer_line_s {
 _Static_assert(sizeof(transfer_line_t) == 64, "a transfer line is one cache line");
 
 static transfer_line_t lines[KEEL_TRANSFER_LINES][KEEL_NUM_CLASSES] KEEL_SPARSE_BSS __attribute__((aligned(4096)));
-static unsigned line_count = 1; /* power of two: 1, then 4..16 once the process spreads */
+static unsigned line_count = 1; /* power of two: 1, then 8..16 once the process spreads */
 static bool spread;             /* a second thread cache exists: use every line */
 
 /* Few processors: the lines a class puts to and gets from, four unless it is wide: a
@@ -57,11 +57,12 @@ static KEEL_NOINLINE unsigned class_lines(unsigned cls, unsigned used) {
 bool _keel_many_cores; /* transfer.h */
 
 /* A line per processor (or per KEEL_CPUS), at least four: past its own line a thread
- * overflows onto the others, so on two cores the two lines no core starts on are room
- * for the bursts of a class many threads trade in. On fewer than eight, eight lines,
- * of which a class uses four until it is wide (below). Counted when a second thread
- * cache appears (the registry lock held), so a single-threaded process makes no system
- * call for it; published before `spread`, which readers load first. */
+ * overflows onto the others, so on two cores the lines no core starts on are room for
+ * the bursts of a class many threads trade in. Where that makes four (four processors
+ * or fewer), eight lines, of which a class uses four until it is wide (above). Counted
+ * when a second thread cache appears (the registry lock held), so a single-threaded
+ * process makes no system call for it; published before `spread`, which readers load
+ * first. */
 void _keel_transfer_spread(void) {
   if (__atomic_load_n(&spread, __ATOMIC_ACQUIRE)) return;
   uint64_t asked = keel_opt(cpus);
