@@ -118,23 +118,28 @@ static inline keel_lock_t* lowest_lock(keel_central_t* cl, uint32_t m) {
   return &home_of(cl, (unsigned)__builtin_ctz(m))->lock;
 }
 
-void _keel_central_lock_class(keel_central_t* cl) {
-  keel_lock(&cl->home.lock); /* first: a line joins only with it held */
-  for (uint32_t m = keel_central_lines(cl) & ~1u; m != 0; m &= m - 1) keel_lock(lowest_lock(cl, m));
+/* The locks of the lines in `lines` (which include line 0), in line order: line 0's
+ * first, as a line joins only with it held. */
+static void lock_lines(keel_central_t* cl, uint32_t lines) {
+  for (uint32_t m = lines; m != 0; m &= m - 1) keel_lock(lowest_lock(cl, m));
+}
+static void unlock_lines(keel_central_t* cl, uint32_t lines) {
+  for (uint32_t m = lines; m != 0; m &= m - 1) keel_unlock(lowest_lock(cl, m));
 }
 
-void _keel_central_unlock_class(keel_central_t* cl) {
-  for (uint32_t m = keel_central_lines(cl) & ~1u; m != 0; m &= m - 1) keel_unlock(lowest_lock(cl, m));
-  keel_unlock(&cl->home.lock);
+void _keel_central_lock_class(keel_central_t* cl) {
+  keel_lock(&cl->home.lock); /* the lines cannot change once it is held */
+  lock_lines(cl, keel_central_lines(cl) & ~1u);
 }
+
+void _keel_central_unlock_class(keel_central_t* cl) { unlock_lines(cl, keel_central_lines(cl)); }
 
 bool _keel_central_trylock_class(keel_central_t* cl) {
   if (!keel_trylock(&cl->home.lock)) return false;
   uint32_t lines = keel_central_lines(cl) & ~1u;
   for (uint32_t m = lines; m != 0; m &= m - 1) {
     if (keel_trylock(lowest_lock(cl, m))) continue;
-    for (uint32_t u = lines & ~m; u != 0; u &= u - 1) keel_unlock(lowest_lock(cl, u));
-    keel_unlock(&cl->home.lock);
+    unlock_lines(cl, (lines & ~m) | 1u); /* those taken so far */
     return false;
   }
   return true;
@@ -146,10 +151,9 @@ bool _keel_central_trylock_class(keel_central_t* cl) {
 static KEEL_COLD void class_add_line(keel_central_t* cl, unsigned line) {
   keel_lock(&cl->home.lock);
   uint32_t lines = keel_central_lines(cl) | (1u << line);
-  for (uint32_t m = lines & ~1u; m != 0; m &= m - 1) keel_lock(lowest_lock(cl, m));
+  lock_lines(cl, lines & ~1u);
   __atomic_store_n(&cl->lines, (uint16_t)lines, __ATOMIC_RELAXED);
-  for (uint32_t m = lines & ~1u; m != 0; m &= m - 1) keel_unlock(lowest_lock(cl, m));
-  keel_unlock(&cl->home.lock);
+  unlock_lines(cl, lines);
 }
 
 uint64_t _keel_central_out(const keel_central_t* cl) {
@@ -413,12 +417,12 @@ static void* taken_link(const taken_t* t) {
   for (unsigned r = 0; r < t->runs; r++)
     for (uint64_t m = t->run[r].bits; m != 0; m &= m - 1) {
       uintptr_t obj = t->run[r].first + (uintptr_t)__builtin_ctzll(m) * t->size;
-      *(uintptr_t*)last = KEEL_LINK_ENCODING ? obj ^ key ^ last : obj;
+      *(uintptr_t*)last = keel_link_encode(key, last, obj);
       last = obj;
     }
   if (last == (uintptr_t)&head_word) return NULL;
   keel_link_set((void*)last, NULL);
-  return (void*)(KEEL_LINK_ENCODING ? head_word ^ key ^ (uintptr_t)&head_word : head_word);
+  return (void*)keel_link_encode(key, (uintptr_t)&head_word, head_word); /* decoding is the same XOR */
 }
 
 /* Takes want (< a group) blocks from one wholly free group, if the slab has one. */

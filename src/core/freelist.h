@@ -52,9 +52,14 @@ static inline uintptr_t keel_link_key(void) { return KEEL_LINK_ENCODING ? _keel_
 #define KEEL_LINK_END ((uintptr_t)(KEEL_LINK_ENCODING ? 3 : 0))
 
 /* What block q's first word holds for a link to address `to` (a block or KEEL_LINK_END,
- * as a bin's head holds them), and for a link to next (NULL: the end of the list). */
+ * as a bin's head holds them), and for a link to next (NULL: the end of the list); the
+ * first with the key given (a loop that stores through blocks reads it once). Decoding
+ * is the same XOR. */
+static inline uintptr_t keel_link_encode(uintptr_t key, uintptr_t q, uintptr_t to) {
+  return KEEL_LINK_ENCODING ? to ^ key ^ q : to;
+}
 static inline uintptr_t keel_link_word_to(const void* q, uintptr_t to) {
-  return KEEL_LINK_ENCODING ? to ^ keel_link_key() ^ (uintptr_t)q : to;
+  return keel_link_encode(keel_link_key(), (uintptr_t)q, to);
 }
 static inline uintptr_t keel_link_word(const void* q, const void* next) {
   return keel_link_word_to(q, next == NULL ? KEEL_LINK_END : (uintptr_t)next);

@@ -229,6 +229,12 @@ static keel_tcache_t* tcache_or_young(void) {
   return tcache_create();
 }
 
+/* The first n blocks of bin cls go back to the central lists (n at most its count). */
+static void bin_hand_front(keel_tcache_t* t, unsigned cls, uint32_t n) {
+  keel_bin_set_first(t, cls, _keel_central_give_front(cls, keel_bin_first(t, cls), n));
+  t->bin[cls].avail += n;
+}
+
 /* Bin cls's blocks go back to the central list in whole batches (to the transfer cache,
  * for the threads that go on), and what does not fill one too unless keep_rest. */
 static void bin_give_back(keel_tcache_t* t, unsigned cls, bool keep_rest) {
@@ -236,8 +242,7 @@ static void bin_give_back(keel_tcache_t* t, unsigned cls, bool keep_rest) {
   for (uint32_t left = (uint32_t)(t->bin[cls].max - t->bin[cls].avail); left > 0;) {
     uint32_t n = left < batch ? left : batch;
     if (n < batch && keep_rest) return;
-    keel_bin_set_first(t, cls, _keel_central_give_front(cls, keel_bin_first(t, cls), n));
-    t->bin[cls].avail += n;
+    bin_hand_front(t, cls, n);
     left -= n;
   }
 }
@@ -430,8 +435,7 @@ void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
        * the transfer cache); walking n blocks, not the whole bin. */
       uint32_t batch = bin_batch(k, cls);
       uint32_t count = t->bin[cls].max, n = count < batch ? count : batch;
-      keel_bin_set_first(t, cls, _keel_central_give_front(cls, keel_bin_first(t, cls), n));
-      t->bin[cls].avail += n;
+      bin_hand_front(t, cls, n);
       bin_shrink(t, cls, n);
     }
   }
