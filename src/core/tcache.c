@@ -96,6 +96,31 @@ static size_t cache_budget(void) {
   return share < own ? share : own;
 }
 
+/* The shares alone do not bound the sum: a cache that grew while few threads lived keeps
+ * its room until its own thread gives it up, which a waiting thread never does (1,024
+ * threads that each worked through 512 blocks and then wait held 85.6 MiB). So the room
+ * of all caches beyond CACHE_FLOOR each is also counted, and a bin grows past its cache's
+ * floor only while that sum stays within KEEL_TCACHE_TOTAL. */
+static uint64_t room_above_floors;
+static inline size_t above_floor(size_t bytes) { return bytes > CACHE_FLOOR ? bytes - CACHE_FLOOR : 0; }
+
+/* Sets t's room in bytes; false (and nothing changed) where growing past the floor would
+ * take the sum over KEEL_TCACHE_TOTAL. */
+static bool room_set(keel_tcache_t* t, size_t bytes) {
+  size_t was = above_floor(t->max_bytes), now = above_floor(bytes);
+  if (now > was) {
+    uint64_t sum = __atomic_add_fetch(&room_above_floors, now - was, __ATOMIC_RELAXED);
+    if (sum > keel_opt(tcache_total)) {
+      __atomic_sub_fetch(&room_above_floors, now - was, __ATOMIC_RELAXED);
+      return false;
+    }
+  } else if (now < was) {
+    __atomic_sub_fetch(&room_above_floors, was - now, __ATOMIC_RELAXED);
+  }
+  t->max_bytes = bytes;
+  return true;
+}
+
 /* More room for bin b, if its limit and the thread's byte budget allow. */
 static void bin_grow(keel_tcache_t* t, unsigned cls) {
   const keel_class_t* k = &_keel_classes[cls];
@@ -105,10 +130,10 @@ static void bin_grow(keel_tcache_t* t, unsigned cls) {
   uint32_t grow = k->batch; /* past a batch */
   if (max < k->batch) grow = max == 0 ? 1 : max < k->batch - max ? max : k->batch - max; /* doubling */
   if (max + grow > k->bin_limit) grow = k->bin_limit - max;
-  if (t->max_bytes + (size_t)grow * k->size > cache_budget()) return;
+  size_t bytes = t->max_bytes + (size_t)grow * k->size;
+  if (bytes > cache_budget() || !room_set(t, bytes)) return;
   t->bin[cls].max += grow;
   t->bin[cls].avail += grow;
-  t->max_bytes += (size_t)grow * k->size;
 }
 
 /* Less room for bin cls, which just handed n blocks back and holds room for at least
@@ -119,7 +144,7 @@ static void bin_shrink(keel_tcache_t* t, unsigned cls, uint32_t n) {
   if (drop == 0 || t->max_bytes <= cache_budget()) return;
   t->bin[cls].max -= drop;
   t->bin[cls].avail -= drop;
-  t->max_bytes -= (size_t)drop * _keel_classes[cls].size;
+  room_set(t, t->max_bytes - (size_t)drop * _keel_classes[cls].size);
 }
 
 void (*_keel_tcache_sampling)(keel_tcache_t* t);
@@ -141,7 +166,7 @@ static void bins_reset(keel_tcache_t* t) {
   bins_restart_sampling(t);
   t->head[0] = KEEL_LINK_END;
   t->bin[0].max = t->bin[0].avail = 0;
-  t->max_bytes = 0;
+  room_set(t, 0);
 }
 
 static void on_thread_exit(void* value);
@@ -256,7 +281,7 @@ static void cache_flush(keel_tcache_t* t, bool to_slabs) {
     t->bin[cls].max = initial_max(cls);
     t->bin[cls].avail = t->bin[cls].max;
   }
-  t->max_bytes = 0;
+  room_set(t, 0);
   t->flushes++;
 }
 
@@ -464,14 +489,21 @@ void _keel_tcache_after_fork_child(void) {
   for (keel_tcache_t* t = registry; t != NULL; t = next) {
     next = t->next;
     if (t == mine) continue;
+    t->max_bytes = 0; /* its room is not counted below: its bins are reset when reused */
     t->next = spare;
     __atomic_store_n(&spare, t, __ATOMIC_RELAXED);
   }
   /* Still counted: this thread's cache and the spares that kept their blocks (whole, the
    * registry lock was held across the fork); a cache the purger was flushing is lost. */
   uint64_t counted = mine != &_keel_tc_empty ? 1 : 0;
-  for (keel_tcache_t* t = spare; t != NULL; t = t->next) counted += t->kept;
+  size_t room = mine != &_keel_tc_empty ? above_floor(mine->max_bytes) : 0;
+  for (keel_tcache_t* t = spare; t != NULL; t = t->next) {
+    counted += t->kept;
+    if (t->kept) room += above_floor(t->max_bytes);
+    else t->max_bytes = 0;
+  }
   __atomic_store_n(&_keel_live_caches, counted, __ATOMIC_RELAXED);
+  __atomic_store_n(&room_above_floors, room, __ATOMIC_RELAXED);
   if (mine != &_keel_tc_empty) {
     mine->next = mine->prev = NULL;
     registry = mine;
