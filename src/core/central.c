@@ -456,7 +456,7 @@ static uint32_t slab_take(keel_slab_t* s, unsigned cls, uint32_t want, taken_t* 
   for (; w < words && got < want && !taken_full(taken); w++) {
     uint64_t* word = slab_bits(s, k, w);
     uint64_t bits = *word, mask = bits;
-    uint32_t free_here = (uint32_t)__builtin_popcountll(bits);
+    uint32_t free_here = (uint32_t)keel_popcount64(bits);
     if (free_here <= want - got) { /* the whole word: one step, not one per block */
       bits = 0;
       got += free_here;
