@@ -97,10 +97,9 @@ static size_t cache_budget(void) {
 }
 
 /* The shares alone do not bound the sum: a cache that grew while few threads lived keeps
- * its room until its own thread gives it up, which a waiting thread never does (1,024
- * threads that each worked through 512 blocks and then wait held 85.6 MiB). So the room
- * of all caches beyond CACHE_FLOOR each is also counted, and a bin grows past its cache's
- * floor only while that sum stays within KEEL_TCACHE_TOTAL. */
+ * its room until its own thread gives it up, which a waiting thread never does. So the
+ * room of all caches beyond CACHE_FLOOR each is also counted, and a bin grows past its
+ * cache's floor only while that sum stays within KEEL_TCACHE_TOTAL. */
 static uint64_t room_above_floors;
 static inline size_t above_floor(size_t bytes) { return bytes > CACHE_FLOOR ? bytes - CACHE_FLOOR : 0; }
 
@@ -489,12 +488,12 @@ void _keel_tcache_after_fork_child(void) {
   for (keel_tcache_t* t = registry; t != NULL; t = next) {
     next = t->next;
     if (t == mine) continue;
-    t->max_bytes = 0; /* its room is not counted below: its bins are reset when reused */
     t->next = spare;
     __atomic_store_n(&spare, t, __ATOMIC_RELAXED);
   }
   /* Still counted: this thread's cache and the spares that kept their blocks (whole, the
-   * registry lock was held across the fork); a cache the purger was flushing is lost. */
+   * registry lock was held across the fork); a cache the purger was flushing is lost.
+   * The others' room is forgotten: their bins are reset when they are reused. */
   uint64_t counted = mine != &_keel_tc_empty ? 1 : 0;
   size_t room = mine != &_keel_tc_empty ? above_floor(mine->max_bytes) : 0;
   for (keel_tcache_t* t = spare; t != NULL; t = t->next) {
