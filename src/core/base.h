@@ -37,7 +37,7 @@ static inline unsigned keel_popcount64(unsigned long long x) {
   x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0full;
   return (unsigned)((x * 0x0101010101010101ull) >> 56);
 #else
-  return keel_popcount64(x);
+  return (unsigned)__builtin_popcountll(x);
 #endif
 }
 

@@ -43,6 +43,25 @@ static void* record_stack(void* arg) {
   return NULL;
 }
 
+/* keel_popcount64 (base.h): the inline arithmetic where x86-64 lacks POPCNT, the builtin
+ * elsewhere, both against a bit-by-bit count. */
+static void test_popcount(void) {
+  TEST_SECTION("popcount");
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (int i = 0; i < 1000; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    uint64_t v = i < 64 ? (uint64_t)1 << i : i < 128 ? ~(uint64_t)0 >> (i - 64) : x & (x >> (i % 7));
+    unsigned bits = 0;
+    for (uint64_t w = v; w; w >>= 1) bits += (unsigned)(w & 1);
+    if (bits != keel_popcount64(v)) {
+      CHECK_MSG(0, "keel_popcount64(%#llx) = %u, not %u", (unsigned long long)v, keel_popcount64(v), bits);
+      return;
+    }
+  }
+  EXPECT_EQ_U(0, keel_popcount64(0));
+  EXPECT_EQ_U(64, keel_popcount64(~(uint64_t)0));
+}
+
 static void test_helper_stack_after_fork(void) {
   TEST_SECTION("a helper thread's stack is unmapped in a forked child");
   _keel_init();
@@ -1214,6 +1233,7 @@ static void test_lock_stats(void) {
 
 int main(void) {
   test_platform_calls();
+  test_popcount();
   test_helper_stack_after_fork();
   test_size_classes();
   test_pagemap();
