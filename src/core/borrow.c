@@ -383,7 +383,7 @@ KEEL_COLD size_t _keel_central_carved_size(const void* p, const char* call) {
 KEEL_COLD bool _keel_central_verify_carved(unsigned cls) {
   for (keel_carve_t* d = keel_central_of(cls)->carve_partial; d != NULL; d = d->next) {
     if (d->cls != cls || !d->listed || d->free == 0 || d->count < CARVE_MIN || d->count > CARVE_MAX ||
-        d->used + keel_popcount64(d->free) != d->count)
+        d->used + (unsigned)__builtin_popcountll(d->free) != d->count)
       return false;
     keel_slab_t* s = slab_of(d);
     if (s->state != KEEL_UNIT_SLAB || s->carved == 0 || keel_pagemap_get(d) != KEEL_KIND_CARVED) return false;

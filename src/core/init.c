@@ -27,7 +27,7 @@ void _keel_init(void) {
      * over a link, and a list's end (stored 0) with one of those bits flipped all decode
      * to an address that is no block start (freelist.h). */
     uintptr_t link_key = (uintptr_t)_keel_prim_random();
-    _keel_link_key = keel_popcount64(link_key & 15) >= 2 ? link_key : link_key | 6;
+    _keel_link_key = __builtin_popcountll(link_key & 15) >= 2 ? link_key : link_key | 6;
     _keel_profile_init();
     atomic_store(&init_state, 2);
     __atomic_store_n(&_keel_ready, true, __ATOMIC_RELEASE);

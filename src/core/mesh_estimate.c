@@ -54,7 +54,7 @@ static unsigned used_mask(const uint64_t* free_bits, unsigned words, uint32_t st
     uint32_t left = n - i * 64;
     if (left < 64) u &= ((uint64_t)1 << left) - 1;
     out[i] = u;
-    set += keel_popcount64(u);
+    set += (unsigned)__builtin_popcountll(u);
   }
   return set;
 }

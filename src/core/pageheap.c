@@ -105,7 +105,7 @@ static keel_chunk_t* chunk_new(void) {
 /* A wholly free chunk goes back to the OS; its units may still be dirty under
  * KEEL_THP=always, which releases chunks without purging them first. */
 static void chunk_release(keel_chunk_t* c) {
-  unsigned dirty = keel_popcount64(c->dirty_mask);
+  unsigned dirty = (unsigned)__builtin_popcountll(c->dirty_mask);
   _keel_thp_chunk_released(c);
   list_remove(c);
   chunk_count--;
@@ -126,7 +126,7 @@ static void span_set_length(keel_slab_t* head, size_t n) {
 static bool take_units(keel_chunk_t* c, unsigned k, size_t n) {
   uint64_t bits = UNIT_BITS(k, n);
   bool clean = (c->dirty_mask & bits) == 0;
-  unsigned dirty = keel_popcount64(c->dirty_mask & bits);
+  unsigned dirty = (unsigned)__builtin_popcountll(c->dirty_mask & bits);
   dirty_units -= dirty;
   clean_free_units -= n - dirty;
   c->free_mask &= ~bits;
@@ -234,7 +234,7 @@ void _keel_pageheap_shrink(keel_slab_t* head, size_t n) {
  * Returns the bytes released (0 if the OS refused). Lock held. */
 size_t _keel_pageheap_purge_units(keel_chunk_t* c, unsigned k, unsigned n) {
   uint64_t bits = UNIT_BITS(k, n);
-  unsigned dirty = keel_popcount64(c->dirty_mask & bits);
+  unsigned dirty = (unsigned)__builtin_popcountll(c->dirty_mask & bits);
   if (!_keel_prim_purge(keel_unit_addr(c, k), (size_t)n << KEEL_UNIT_SHIFT)) return 0;
   c->dirty_mask &= ~bits;
   dirty_units -= dirty;
@@ -249,7 +249,7 @@ bool _keel_pageheap_release_if_free(keel_chunk_t* c, uint64_t due, bool all, siz
   if (c == _keel_thp_promoting || c->free_mask != (ALL_UNITS & ~(uint64_t)1) || (c->dirty_mask & ~due) != 0 ||
       !(all || chunk_count > 1))
     return false;
-  *released += (size_t)keel_popcount64(c->dirty_mask) << KEEL_UNIT_SHIFT;
+  *released += (size_t)__builtin_popcountll(c->dirty_mask) << KEEL_UNIT_SHIFT;
   chunk_release(c);
   return true;
 }
@@ -259,8 +259,8 @@ bool _keel_pageheap_release_if_free(keel_chunk_t* c, uint64_t due, bool all, siz
 void _keel_pageheap_make_dirty(keel_chunk_t* c, uint64_t bits) {
   uint64_t clean = c->free_mask & ~c->dirty_mask & bits;
   c->dirty_mask |= clean;
-  dirty_units += (uint64_t)keel_popcount64(clean);
-  clean_free_units -= (uint64_t)keel_popcount64(clean);
+  dirty_units += (uint64_t)__builtin_popcountll(clean);
+  clean_free_units -= (uint64_t)__builtin_popcountll(clean);
 }
 
 /* Gives back dirty free units freed at least the purge delay ago (all of them if

@@ -105,7 +105,7 @@ static inline size_t above_floor(size_t bytes) { return bytes > CACHE_FLOOR ? by
 
 /* Sets t's room in bytes; false (and nothing changed) where growing past the floor would
  * take the sum over KEEL_TCACHE_TOTAL. */
-static bool room_set(keel_tcache_t* t, size_t bytes) {
+static KEEL_NOINLINE bool room_set(keel_tcache_t* t, size_t bytes) {
   size_t was = above_floor(t->max_bytes), now = above_floor(bytes);
   if (now > was) {
     uint64_t sum = __atomic_add_fetch(&room_above_floors, now - was, __ATOMIC_RELAXED);

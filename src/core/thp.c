@@ -95,7 +95,7 @@ static unsigned promote_units(void) {
 /* A chunk is going back to the OS (pageheap.c): its collapsed huge pages go with it. */
 void _keel_thp_chunk_released(keel_chunk_t* c) {
   unsigned g = promote_units();
-  if (c->promoted_mask && g) thp.promoted -= (uint64_t)keel_popcount64(c->promoted_mask) / g;
+  if (c->promoted_mask && g) thp.promoted -= (uint64_t)__builtin_popcountll(c->promoted_mask) / g;
 }
 
 /* Huge page k of c is an ordinary range of base pages again (the kernel splits it at
@@ -130,7 +130,7 @@ KEEL_COLD size_t _keel_thp_purge_promoted(keel_chunk_t* c, uint64_t due, bool al
     if (!(c->promoted_mask & bits)) continue;
     /* A quarter of it free for the purge delay: memory matters more than the TLB here,
      * so it goes back to base pages and its free units are purged as usual. */
-    if ((c->free_mask & bits) != bits && keel_popcount64(dirty & due) >= g / 4) {
+    if ((c->free_mask & bits) != bits && (unsigned)__builtin_popcountll(dirty & due) >= g / 4) {
       demote(c, k, g);
       continue;
     }
@@ -152,7 +152,7 @@ static unsigned promote_pick(keel_chunk_t* c, unsigned g, unsigned* probes) {
   size_t hp = (size_t)g << KEEL_UNIT_SHIFT, pages = hp / _keel_page_size;
   for (unsigned k = 0; k < KEEL_CHUNK_UNITS; k += g) {
     uint64_t bits = UNIT_BITS(k, g);
-    if ((c->promoted_mask & bits) || keel_popcount64(c->free_mask & bits) > g / 8) continue;
+    if ((c->promoted_mask & bits) || (unsigned)__builtin_popcountll(c->free_mask & bits) > g / 8) continue;
     ++*probes;
     size_t resident = _keel_prim_resident_pages(keel_unit_addr(c, k), hp);
     if (resident != SIZE_MAX && resident * 16 >= pages * 15) return k;

@@ -20,7 +20,7 @@ static void verify_slab(keel_chunk_t* c, unsigned k, keel_slab_t* s) {
   unsigned words = keel_class_words(kc);
   VERIFY(s->ready <= words && s->scan <= s->ready);
   for (unsigned w = 0; w < words; w++) {
-    free_blocks += (uint32_t)keel_popcount64(keel_slab_word(s, kc->count, w));
+    free_blocks += (uint32_t)__builtin_popcountll(keel_slab_word(s, kc->count, w));
     if (w < s->scan) VERIFY(keel_slab_word(s, kc->count, w) == 0);
   }
   if (kc->count % 64) VERIFY((keel_slab_word(s, kc->count, words - 1) >> (kc->count % 64)) == 0);
@@ -28,7 +28,7 @@ static void verify_slab(keel_chunk_t* c, unsigned k, keel_slab_t* s) {
   VERIFY(s->in_partial == (s->used < kc->count) || s->used == 0);
   uint32_t carved = 0; /* the carved-hole bitmap follows the free one (borrow.c) */
   for (unsigned w = 0; s->carved > 0 && w < words; w++)
-    carved += (uint32_t)keel_popcount64(KEEL_SLAB_BITS(s, words + w));
+    carved += (uint32_t)__builtin_popcountll(KEEL_SLAB_BITS(s, words + w));
   VERIFY(carved == s->carved && !(s->carved && s->sampled));
   for (unsigned u = 0; u < s->units; u++) {
     VERIFY(c->units[k + u].head == k);
