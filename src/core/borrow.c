@@ -228,7 +228,7 @@ static KEEL_COLD void* take_hole(unsigned lender, uint32_t now, uint32_t cold, b
   bool exhausted = cl->partial_lines == 0;
   _keel_central_unlock_class(cl);
   if (KEEL_UNLIKELY(exhausted && __atomic_load_n(&_keel_class_group_pending[lender], __ATOMIC_RELAXED)))
-    _keel_classes_coarse_exhausted(lender);
+    _keel_classes_coarse_used(lender, true);
   p[1] = NULL;
   return p;
 }

@@ -604,11 +604,8 @@ void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
   *got = n;
   if (KEEL_UNLIKELY(grew))
     _keel_classes_slabs_grew(__atomic_load_n(&slab_units, __ATOMIC_RELAXED) << KEEL_UNIT_SHIFT);
-  /* A coarse class whose free blocks ran out: it took a new slab, or this take emptied
-   * its last one. (Emptied alone: a take that runs past a slab's end goes straight on into
-   * a new one, and a class cycling through the transfer cache never ends exactly there.) */
   if (KEEL_UNLIKELY((exhausted || grew) && __atomic_load_n(&_keel_class_group_pending[cls], __ATOMIC_RELAXED)))
-    _keel_classes_coarse_exhausted(cls);
+    _keel_classes_coarse_used(cls, exhausted);
   return head;
 }
 

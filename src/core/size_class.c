@@ -113,7 +113,7 @@ bool _keel_classes_are_fine(void) { return __atomic_load_n(&fine, __ATOMIC_RELAX
 
 /* Called after a new slab, with no lock held.
  * Groups whose coarse class has no free block switch now; the others once their
- * coarse class runs out (_keel_classes_coarse_exhausted), so that the free blocks the
+ * coarse class runs out (_keel_classes_coarse_used), so that the free blocks the
  * coarse phase left are used before the finer classes start slabs of their own. (All
  * at once, blocks freed after the switch left holes in the coarse slabs that only
  * requests of the coarse class's own size filled.) */
@@ -125,6 +125,22 @@ void _keel_classes_slabs_grew(uint64_t slab_bytes) {
       switch_group(c);
 }
 
-void _keel_classes_coarse_exhausted(unsigned c) {
-  if (__atomic_load_n(&fine, __ATOMIC_RELAXED)) switch_group(c);
+/* Exhausted: a take emptied the coarse class's last partly used slab. That alone missed
+ * a class that keeps growing: a take that runs past a slab's end goes straight on into
+ * a new one, and a class whose blocks cycle through the transfer cache seldom ends a take
+ * exactly there (Redis filled with 1 KiB values kept 1,030-byte strings in the 1,280-byte
+ * class). So a group also switches once its coarse class has taken GROWN_SLABS new slabs
+ * since the heap became big: growing, not living off the free blocks of its coarse phase
+ * (switching sooner stranded those in programs whose working set of a class swings). */
+#define GROWN_SLABS (2u * KEEL_FINE_GROUP_SLABS)
+static uint8_t grown_while_fine[KEEL_NUM_CLASSES];
+_Static_assert(GROWN_SLABS <= 255, "counted in a byte");
+void _keel_classes_coarse_used(unsigned c, bool exhausted) {
+  if (!__atomic_load_n(&fine, __ATOMIC_RELAXED)) return;
+  if (!exhausted) {
+    unsigned n = __atomic_load_n(&grown_while_fine[c], __ATOMIC_RELAXED) + 1u;
+    if (n <= GROWN_SLABS) __atomic_store_n(&grown_while_fine[c], (uint8_t)n, __ATOMIC_RELAXED);
+    if (n < GROWN_SLABS) return;
+  }
+  switch_group(c);
 }

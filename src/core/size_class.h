@@ -50,8 +50,9 @@ extern keel_size_table_t _keel_class_of_size KEEL_INTERNAL;
 extern uint8_t _keel_class_group_pending[KEEL_NUM_CLASSES] KEEL_INTERNAL;
 /* Keel's slabs now span slab_bytes: switch to the fine classes if that is enough. */
 void _keel_classes_slabs_grew(uint64_t slab_bytes) KEEL_INTERNAL KEEL_NOINLINE;
-/* Coarse class c has no partly used slab left: the classes it served switch if due. */
-void _keel_classes_coarse_exhausted(unsigned c) KEEL_INTERNAL KEEL_NOINLINE;
+/* Coarse class c has no partly used slab left (exhausted), or it took a new slab: the
+ * classes it served switch if due (size_class.c). */
+void _keel_classes_coarse_used(unsigned c, bool exhausted) KEEL_INTERNAL KEEL_NOINLINE;
 /* The heap has reached KEEL_FINE_CLASSES (some groups may still wait for their coarse
  * class to run out). */
 bool _keel_classes_are_fine(void) KEEL_INTERNAL;

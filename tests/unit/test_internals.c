@@ -449,17 +449,19 @@ static void test_fine_classes(void) {
   for (unsigned i = 0; i < ntaken; i++) free(taken[i]);
   /* The 1,280-byte group too, taken as a thread's bin refills it: in batches, which seldom
    * end exactly where a slab does (Redis filling with 1 KiB values kept the coarse class
-   * so). It switches at the first new slab it takes once big. Then a 1,030-byte string
-   * gets the 1,040-byte class, and a power of two plus a header a class of its own. */
+   * so). A coarse class that keeps growing switches once it has taken 2 x
+   * KEEL_FINE_GROUP_SLABS new slabs since the heap became big, whether or not a take ever
+   * empties its last slab. Then a 1,030-byte string gets the 1,040-byte class, and a
+   * power of two plus a header a class of its own. */
   static void* lists[1024];
   unsigned nlists = 0;
+  uint64_t slabs_before = keel_central_of(c1280)->slabs;
   while (_keel_class_group_pending[c1280] && nlists < 1024) {
-    uint64_t slabs = keel_central_of(c1280)->slabs;
     uint32_t got;
     lists[nlists++] = _keel_central_take_slabs(c1280, _keel_classes[c1280].batch, &got);
-    if (slabs >= KEEL_FINE_GROUP_SLABS && keel_central_of(c1280)->slabs > slabs) break;
   }
   CHECK(!_keel_class_group_pending[c1280]);
+  CHECK(keel_central_of(c1280)->slabs <= slabs_before + 2 * KEEL_FINE_GROUP_SLABS);
   ntaken = 0;
   for (unsigned i = 0; i < nlists; i++)
     for (void* p = lists[i]; p != NULL && ntaken < 8192; p = keel_link_next(p, c1280)) taken[ntaken++] = p;
