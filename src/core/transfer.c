@@ -34,11 +34,9 @@ static bool spread;             /* a second thread cache exists: use every line 
 /* Few processors: the lines a class puts to and gets from, four unless it is wide: a
  * class of blocks of 128 bytes or less whose slabs' lock is busy (central.h) while more
  * thread caches than four live - many threads trading small blocks, each batch a lock
- * round trip once four lines are full (mpmc64 at 8 threads on 2 cores: 4.5-6.6 per
- * 1,000 pairs; on eight lines, 0.1-0.3). It stays wide, so that its batches on the other
- * lines are found. The others keep four: more room held more free memory (workset's
- * peak 1.12x with every class on eight lines, 1.05x with its busy small classes at 2
- * threads) and made every empty class's refill read eight lines. */
+ * round trip once four lines are full. It stays wide, so that its batches on the other
+ * lines are found. The others keep four: more room holds more free memory, and every
+ * empty class's refill would read eight lines (design.md, "Scaling past two cores"). */
 #define FEW_CORES_LINES 4u
 #define WIDE_MAX 128u
 static uint64_t wide[KEEL_NUM_CLASSES / 64];
