@@ -4,8 +4,9 @@
  * A slab goes back to the page heap only once every block of it is free, and after
  * deletes most of a heap's memory sits in slabs that still hold a few live blocks: the
  * pages of those slabs that hold free blocks only are purged here - on the purger's
- * timer once no block has come back to the slab for the purge delay, by the free that
- * empties them in a class gone cold, and at once for keel_purge and fork. Its own file
+ * timer once no block has come back to the slab for the purge delay (every tick for big
+ * blocks), by the free that empties them in a class gone cold, and at once for
+ * keel_purge and fork. Its own file
  * because none of it is on a take or a put of a batch (central.c): it runs on the
  * purger's thread, or on a put's cold branch. */
 #include "core/slab.h"
@@ -144,6 +145,7 @@ size_t _keel_central_purge_all(uint32_t max_trims) {
  * back to them: each costs a few madvise calls under the class's lock, so this bounds
  * the lock hold. */
 #define BUSY_TRIM_SLABS 256
+#define BIG_BLOCK_PAGES 4
 
 __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ticks) {
   uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
@@ -164,8 +166,12 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
     if (parked) drain_transfer(cl, cls, now, (uint32_t)idle_ticks);
     /* A slab is trimmed once no block has come back to it for idle_ticks; in a cold
      * class, whose frees purge what they empty from now on, also the pages emptied
-     * before it went cold, each slab once per idle_ticks. */
-    bool busy_ok = now - __atomic_load_n(&cl->take_tick, __ATOMIC_RELAXED) >= cold;
+     * before it went cold, each slab once per idle_ticks. A slab of big blocks (four
+     * pages and more) is trimmed every tick while blocks come back: under a steady load
+     * its slabs are never quiet, and each class's free blocks above what its threads
+     * hold at once stayed resident (docs/design.md, "Giving memory back"). */
+    bool big = _keel_classes[cls].size >= BIG_BLOCK_PAGES * _keel_page_size;
+    bool busy_ok = big || now - __atomic_load_n(&cl->take_tick, __ATOMIC_RELAXED) >= cold;
     unsigned busy_budget = BUSY_TRIM_SLABS;
     for (int sampled = 0; sampled < 2; sampled++)
       for (keel_slab_t* s = sampled ? cl->sampled_partial : _keel_partial_first(cl); s != NULL;
@@ -176,7 +182,7 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
         if (!trim_allowed(cls, s)) continue;
         if (!quiet) {
           busy_budget--;
-          s->busy_trim_tick = now + (uint32_t)idle_ticks;
+          s->busy_trim_tick = now + (big ? 1u : (uint32_t)idle_ticks);
         }
         trim_slab(cls, s);
       }

@@ -762,6 +762,58 @@ static void test_busy_trim(void) {
   _keel_options.background_purge = true;
 }
 
+/* Slabs of big blocks (four pages and more) are trimmed while their class keeps taking:
+ * under a steady load they are never quiet, and their free blocks stayed resident. */
+static unsigned class_of_block(void* p) { /* a borrowed block is its lender's */
+  return keel_span_head(keel_chunk_of(p), keel_unit_index(p))->cls;
+}
+
+static void test_busy_trim_big(void) {
+  TEST_SECTION("pages of big blocks purged while their class keeps taking");
+  _keel_options.background_purge = false; /* the purger thread must not decay meanwhile */
+  unsigned cls = keel_size_class(32768);
+  const keel_class_t* k = &_keel_classes[cls];
+  keel_central_t* cl = _keel_central_activate(cls);
+  enum { N = 64, IDLE = 1000 };
+  static void* b[N];
+  uint64_t out_before = _keel_central_out(cl);
+  bool big = k->size >= 4 * _keel_page_size; /* not at 64 KiB pages */
+  for (int i = 0; i < N; i++) {
+    b[i] = _keel_alloc_direct(cls);
+    memset(b[i], 1, k->size);
+  }
+  uint64_t before = _keel_central_trimmed_bytes();
+  unsigned own = 0;
+  for (int i = 0; i < N; i++) /* three blocks in four come back */
+    if (i % 4) {
+      own += class_of_block(b[i]) == cls;
+      keel_link_set(b[i], NULL);
+      _keel_central_give_slabs(class_of_block(b[i]), b[i]); /* to the slabs, not parked */
+    }
+  uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  uint64_t free_bytes = 0; /* in slabs that keep live blocks (a slab left empty goes) */
+  for (keel_slab_t* s = _keel_partial_first(cl); s != NULL; s = _keel_partial_next(cl, s)) {
+    s->put_tick = now; /* blocks came back just now */
+    s->busy_trim_tick = now;
+    free_bytes += (uint64_t)(k->count - s->used) * k->size;
+  }
+  cl->take_tick = now; /* and the class still takes */
+  _keel_central_decay(IDLE);
+  uint64_t trimmed = _keel_central_trimmed_bytes() - before;
+  if (big)
+    CHECK_MSG(free_bytes >= (uint64_t)own * k->size / 2 && trimmed >= free_bytes,
+              "trimmed %llu of %llu bytes (%u blocks back)", (unsigned long long)trimmed,
+              (unsigned long long)free_bytes, own);
+  else
+    CHECK(trimmed == 0);
+  for (int i = 0; i < N; i += 4) {
+    keel_link_set(b[i], NULL);
+    _keel_central_give_slabs(class_of_block(b[i]), b[i]);
+  }
+  CHECK(_keel_central_out(cl) == out_before);
+  _keel_options.background_purge = true;
+}
+
 /* keel_purge() and a fork give back now what the purger would give back later: the
  * blocks in this thread's cache, and the free pages of partly used slabs (a forked
  * child keeps every page it inherits). */
@@ -1266,6 +1318,7 @@ int main(void) {
   test_fine_classes();
   test_uncached_class();
   test_busy_trim();
+  test_busy_trim_big();
   test_purge_now();
   test_borrow();
   test_carve();
