@@ -700,6 +700,14 @@ static void test_transfer_lines(void) {
   CHECK(_keel_central_parked_blocks(cls) == 0 && _keel_central_out(keel_central_of(cls)) == 0);
 }
 
+/* n blocks of class cls straight from the central lists, every byte written. */
+static void take_touched(unsigned cls, void** b, int n) {
+  for (int i = 0; i < n; i++) {
+    b[i] = _keel_alloc_direct(cls);
+    memset(b[i], 1, _keel_classes[cls].size);
+  }
+}
+
 /* A class that takes nothing from its slabs while blocks keep coming back (a server
  * replacing values by smaller ones) has its wholly free pages purged anyway: by the
  * purger, each slab once per idle period, and from then on by the frees that empty
@@ -714,10 +722,7 @@ static void test_busy_trim(void) {
   static void* b[N];
   uint64_t out_before = _keel_central_out(cl);
   bool small_pages = _keel_page_size * 4 <= KEEL_UNIT_SIZE; /* else no page of a slab empties */
-  for (int i = 0; i < N; i++) {
-    b[i] = _keel_alloc_direct(cls);
-    memset(b[i], 1, k->size);
-  }
+  take_touched(cls, b, N);
   _keel_central_decay(IDLE); /* sets the cold threshold (IDLE / 2 ticks) */
   uint64_t before = _keel_central_trimmed_bytes();
   /* Keep one block in 16: three pages in four hold free blocks only (4 KiB pages). */
@@ -778,10 +783,7 @@ static void test_busy_trim_big(void) {
   static void* b[N];
   uint64_t out_before = _keel_central_out(cl);
   bool big = k->size >= 4 * _keel_page_size; /* not at 64 KiB pages */
-  for (int i = 0; i < N; i++) {
-    b[i] = _keel_alloc_direct(cls);
-    memset(b[i], 1, k->size);
-  }
+  take_touched(cls, b, N);
   uint64_t before = _keel_central_trimmed_bytes();
   unsigned own = 0;
   for (int i = 0; i < N; i++) /* three blocks in four come back */
@@ -827,7 +829,7 @@ static void fill_and_thin(void** b, int n, unsigned* cls) {
     b[i] = malloc(1000);
     memset(b[i], 1, 1000);
   }
-  *cls = keel_span_head(keel_chunk_of(b[0]), keel_unit_index(b[0]))->cls;
+  *cls = class_of_block(b[0]);
   for (int i = 0; i < n; i++) /* one block in 16 stays: most pages hold free blocks only */
     if (i % 16) free(b[i]);
 }
