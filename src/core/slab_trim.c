@@ -6,9 +6,8 @@
  * pages of those slabs that hold free blocks only are purged here - on the purger's
  * timer once no block has come back to the slab for the purge delay (every tick for big
  * blocks), by the free that empties them in a class gone cold, and at once for
- * keel_purge and fork. Its own file
- * because none of it is on a take or a put of a batch (central.c): it runs on the
- * purger's thread, or on a put's cold branch. */
+ * keel_purge and fork. Its own file because none of it is on a take or a put of a batch
+ * (central.c): it runs on the purger's thread, or on a put's cold branch. */
 #include "core/slab.h"
 
 static uint64_t trimmed_bytes; /* returned to the OS from inside partly used slabs */
@@ -141,10 +140,12 @@ size_t _keel_central_purge_all(uint32_t max_trims) {
   return (size_t)(__atomic_load_n(&trimmed_bytes, __ATOMIC_RELAXED) - before);
 }
 
-/* Slabs of a cold class (see _keel_cold_ticks) trimmed per tick while blocks keep coming
- * back to them: each costs a few madvise calls under the class's lock, so this bounds
- * the lock hold. */
+/* Slabs of a class trimmed per tick while blocks keep coming back to them (a cold class,
+ * see _keel_cold_ticks, or one of big blocks): each costs a few madvise calls under the
+ * class's lock, so this bounds the lock hold. */
 #define BUSY_TRIM_SLABS 256
+/* Blocks of this many OS pages and more are big: a free one leaves at least three pages
+ * to give back whatever its neighbours hold. */
 #define BIG_BLOCK_PAGES 4
 
 __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ticks) {
