@@ -3,8 +3,10 @@
  *
  * Its own file because it is a policy on top of the free lists (central.c), not a part
  * of them: it runs only when a class would otherwise take a new slab, and it reaches
- * into the lists through slab.h alone. Its searches and the carved blocks' frees are
- * cold code (src/hot_text.ld): a process that never borrows never maps them. */
+ * into the lists through slab.h alone. Its searches are in the hot code window: a
+ * growing process runs them once the purger has started, whether or not it finds a
+ * hole (Sphinx searchd mapped a second 64 KiB of code for them). The carved blocks'
+ * frees are cold code (src/hot_text.ld): a process that never carves never maps them. */
 #include "core/slab.h"
 
 /* ---- borrowing -----------------------------------------------------------------------
@@ -189,7 +191,7 @@ static void* carve_take_block(unsigned cls, keel_carve_t* d) {
 
 /* A hole of class lender (see slab_take_hole), if it can lend one now; NULL if not.
  * With carve, the hole is marked carved in its slab (below) under the lender's lock. */
-static KEEL_COLD void* take_hole(unsigned lender, uint32_t now, uint32_t cold, bool carve) {
+static KEEL_NOINLINE void* take_hole(unsigned lender, uint32_t now, uint32_t cold, bool carve) {
   keel_central_t* cl = keel_central_of(lender);
   const keel_class_t* k = &_keel_classes[lender];
   if (__atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) == 0 || !can_lend(cl, k, now, cold) ||
@@ -247,10 +249,10 @@ void* _keel_central_borrow(unsigned cls) {
   return NULL;
 }
 
-static KEEL_COLD void* carve(unsigned cls);
+static KEEL_NOINLINE void* carve(unsigned cls);
 
 /* Every class about to take a new slab asks: the answer is a quick no unless it has
- * carved holes or borrowing is on (the rest is cold code). */
+ * carved holes or borrowing is on. */
 void* _keel_central_carve(unsigned cls) {
   keel_central_t* cl = keel_central_of(cls);
   uint32_t now, cold;
