@@ -5,8 +5,8 @@
  * of them: it runs only when a class would otherwise take a new slab, and it reaches
  * into the lists through slab.h alone. Its searches are in the hot code window: a
  * growing process runs them once the purger has started, whether or not it finds a
- * hole (Sphinx searchd mapped a second 64 KiB of code for them). The carved blocks'
- * frees are cold code (src/hot_text.ld): a process that never carves never maps them. */
+ * hole. The carved blocks' frees are cold code (src/hot_text.ld): a process that never
+ * carves never maps them. */
 #include "core/slab.h"
 
 /* ---- borrowing -----------------------------------------------------------------------
