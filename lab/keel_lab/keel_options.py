@@ -35,6 +35,12 @@ OPTIONS: tuple[KeelOption, ...] = (
                "this over the number of live threads (never below 16 KiB), so a server "
                "with a thread per connection keeps its free blocks bounded. Bigger: more "
                "cache per thread when there are more than ~32 threads."),
+    KeelOption("KEEL_TCACHE_IDLE", "milliseconds (or Ns)", "1000",
+               "A thread that has made no call beyond its cache's fast path for this long "
+               "(a pooled connection waiting for its next client) gives its cache's free "
+               "blocks back: the background thread takes them while the thread is not in "
+               "malloc or free, and the thread starts a fresh cache when it next works. "
+               "0: caches are kept for as long as their threads live."),
     KeelOption("KEEL_HUGE_PAGE_SIZE", "size (K/M/G)", "0 (ask the OS)",
                "Override the transparent huge page size Keel assumes; 0 uses what the "
                "kernel reports (/sys/kernel/mm/transparent_hugepage/hpage_pmd_size)."),

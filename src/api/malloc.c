@@ -23,13 +23,15 @@ static void* enomem(void) {
   return NULL;
 }
 
-/* Any size, any alignment <= 16; zero: the caller needs zeroed memory. */
+/* Any size, any alignment <= 16; zero: the caller needs zeroed memory. Clears the busy
+ * flag that malloc's fast path leaves set (tiers.c sets it again around the cache). */
 static KEEL_NOINLINE void* alloc_slow(size_t n, bool zero) {
   keel_ensure_init();
   if (KEEL_UNLIKELY(__atomic_load_n(&_keel_purger_deferred, __ATOMIC_RELAXED)))
     _keel_purger_deferred_check(); /* a forked child: start its purger once it grows */
-  if (KEEL_UNLIKELY(_keel_options.check)) return _keel_checked_alloc(n, 0, zero);
-  return _keel_alloc_any(n, 0, zero, true);
+  void* p = KEEL_UNLIKELY(_keel_options.check) ? _keel_checked_alloc(n, 0, zero) : _keel_alloc_any(n, 0, zero, true);
+  keel_tc_leave();
+  return p;
 }
 
 /* Fast path: about a dozen instructions for sizes 1..1024 when the bin has a block. The
@@ -37,14 +39,15 @@ static KEEL_NOINLINE void* alloc_slow(size_t n, bool zero) {
  * the slow path, which tells them apart. */
 API void* KEEL_FN(malloc)(size_t n) {
   if (KEEL_LIKELY(n <= KEEL_SMALL_MAX)) {
-    keel_tcache_t* t = _keel_tc;
+    keel_tcache_t* t = keel_tc_enter();
     size_t cls = __atomic_load_n(&_keel_class_of_size.cls[n], __ATOMIC_RELAXED);
     uintptr_t first = t->head[cls];
     if (KEEL_LIKELY(keel_bin_head_ok(first))) {
       void** p = (void**)first;
       t->head[cls] = keel_link_raw_next(p);
       p[1] = NULL; /* clear the double-free key */
-      if (KEEL_UNLIKELY(!keel_bin_count_pop(&t->bin[cls]))) return _keel_profile_countdown_expired_at(n, p, &t->head[cls]);
+      if (KEEL_UNLIKELY(!keel_bin_count_pop(&t->bin[cls]))) return _keel_profile_countdown_expired_at(n, p, &t->head[cls], t);
+      keel_tc_leave();
       return p;
     }
   }
@@ -107,10 +110,13 @@ API void* KEEL_FN(pvalloc)(size_t n) {
 
 /* ---- free -------------------------------------------------------------------------- */
 
-static KEEL_NOINLINE void free_slow(void* p, const char* call) {
+/* With the busy flag still set by free's fast path and t the cache it used: its room
+ * check may have left the bin at -1, and between the two the purger may have pointed the
+ * thread at the empty cache for a moment (tcache.c). free_slow clears the flag. */
+static inline void free_slow_busy(void* p, keel_tcache_t* t, const char* call) {
   if (p == NULL) return;
   uint8_t kind = keel_pagemap_get(p);
-  if (kind >= 1 && kind < KEEL_NUM_CLASSES) keel_bin_give_back_room(&_keel_tc->bin[kind]);
+  if (kind >= 1 && kind < KEEL_NUM_CLASSES) keel_bin_give_back_room(&t->bin[kind]);
   if (KEEL_UNLIKELY(_keel_options.check)) {
     _keel_checked_free(p, call);
     return;
@@ -128,7 +134,6 @@ static KEEL_NOINLINE void free_slow(void* p, const char* call) {
     }
     if (((uintptr_t*)p)[1] == _keel_free_key)
       _keel_misuse(call, "double free of pointer", p, NULL, _keel_classes[cls].size);
-    keel_tcache_t* t = _keel_tc;
     _keel_tcache_free_slow(t, p, cls);
     return;
   }
@@ -162,6 +167,11 @@ static KEEL_NOINLINE void free_slow(void* p, const char* call) {
   _keel_misuse(call, "invalid pointer", p, ": not allocated by keel", 0);
 }
 
+static KEEL_NOINLINE void free_slow(void* p, keel_tcache_t* t) {
+  free_slow_busy(p, t, "free");
+  keel_tc_leave();
+}
+
 /* Fast path: the page map gives the size class; the block is pushed on the thread's bin.
  * A block whose second word holds the free key is already free (see _keel_free_key):
  * the slow path reports the double free. */
@@ -170,17 +180,18 @@ API void KEEL_FN(free)(void* p) {
   /* Plain loads: any entry we can see for a live block was written before the block was
    * handed out (through a lock). */
   size_t cls = keel_pagemap_get(p);
-  keel_tcache_t* t = _keel_tc;
+  keel_tcache_t* t = keel_tc_enter();
   uintptr_t key = _keel_free_key;
   if (KEEL_LIKELY((int8_t)cls > 0 && (a & 15) == 0 && ((uintptr_t*)p)[1] != key)) {
     if (KEEL_LIKELY(keel_bin_take_room(&t->bin[cls]))) {
       ((uintptr_t*)p)[1] = key;
       ((uintptr_t*)p)[0] = keel_link_word_to(p, t->head[cls]); /* freelist.h */
       t->head[cls] = a;
+      keel_tc_leave();
       return;
     }
   }
-  free_slow(p, "free");
+  free_slow(p, t);
 }
 
 API void KEEL_FN(cfree)(void* p) { KEEL_FN(free)(p); }

@@ -187,6 +187,7 @@ static void* purger_main(void* arg) {
      * slabs can be released and purged. */
     if (keel_opt(background_purge)) {
       _keel_tcache_release_spares(_keel_delay_ticks());
+      if (keel_opt(tcache_idle_ms) != 0) _keel_tcache_take_back_idle(keel_opt(tcache_idle_ms) / tick_ms() + 1);
       _keel_central_decay(_keel_delay_ticks());
       if (_keel_pageheap_dirty_bytes() != 0) _keel_pageheap_maybe_purge();
       if (_keel_huge_cache_pending()) _keel_huge_purge(false);

@@ -13,6 +13,8 @@ typedef struct keel_options_s {
   uint64_t purge_delay_ms;  /* KEEL_PURGE_DELAY: free memory is returned after this long */
   uint64_t tcache_bytes;    /* KEEL_TCACHE_MAX: most bytes one thread cache may hold */
   uint64_t tcache_total;    /* KEEL_TCACHE_TOTAL: what all thread caches may hold together */
+  uint64_t tcache_idle_ms;  /* KEEL_TCACHE_IDLE: the purger takes back the cache of a thread
+                               idle this long (0: never) */
   uint64_t huge_page_size;  /* KEEL_HUGE_PAGE_SIZE: override what the OS reports */
   bool stats_at_exit;       /* KEEL_STATS */
   bool background_purge;    /* KEEL_BACKGROUND_PURGE: a helper thread purges on a timer */

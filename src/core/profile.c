@@ -153,10 +153,12 @@ KEEL_HOT void* _keel_profile_countdown_expired(keel_tcache_t* t, unsigned cls, v
   return q;
 }
 
-/* malloc's fast path names the bin by its head's address. */
-KEEL_HOT void* _keel_profile_countdown_expired_at(size_t n, void* p, const uintptr_t* head) {
-  keel_tcache_t* t = _keel_tc;
-  return _keel_profile_countdown_expired(t, (unsigned)(head - t->head), p, n);
+/* malloc's fast path names the bin by its head's address, in the cache t it used, whose
+ * busy flag it left set (cleared here). */
+KEEL_HOT void* _keel_profile_countdown_expired_at(size_t n, void* p, const uintptr_t* head, keel_tcache_t* t) {
+  void* q = _keel_profile_countdown_expired(t, (unsigned)(head - t->head), p, n);
+  keel_tc_leave();
+  return q;
 }
 
 void _keel_profile_sample_big(void* p, size_t n) {

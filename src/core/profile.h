@@ -21,8 +21,8 @@ void _keel_profile_init(void) KEEL_INTERNAL;
 void* _keel_profile_countdown_expired(keel_tcache_t* t, unsigned cls, void* p, size_t n) KEEL_INTERNAL;
 /* The same for the malloc fast path, which names the bin by its head (head: the
  * address of t->head[cls]), already in a register: the call then costs the fast path
- * no register copy. */
-void* _keel_profile_countdown_expired_at(size_t n, void* p, const uintptr_t* head) KEEL_INTERNAL;
+ * no register copy. t is the cache malloc used, whose busy flag this clears. */
+void* _keel_profile_countdown_expired_at(size_t n, void* p, const uintptr_t* head, keel_tcache_t* t) KEEL_INTERNAL;
 void _keel_profile_sample_big(void* p, size_t n) KEEL_INTERNAL; /* large/huge, if due */
 void _keel_profile_forget(void* p) KEEL_INTERNAL;   /* a sampled block is freed */
 uint32_t _keel_profile_first_countdown(unsigned cls) KEEL_INTERNAL;

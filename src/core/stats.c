@@ -83,6 +83,7 @@ static void print_stats(int fd, const char* title) {
   line(&b, "purge_runs", s.purge_runs);
   line(&b, "threads", s.threads);
   line(&b, "threads_total", s.threads_total);
+  line(&b, "caches_taken_back", __atomic_load_n(&_keel_caches_taken_back, __ATOMIC_RELAXED));
   line(&b, "os_page_size", s.os_page_size);
   line(&b, "huge_page_size", s.huge_page_size);
   uint64_t borrowed = _keel_central_borrowed_blocks();
@@ -206,6 +207,7 @@ KEEL_API size_t keel_stats_json(char* out, size_t size) {
   json_field(&b, "purge_runs", s.purge_runs, true);
   json_field(&b, "threads", s.threads, true);
   json_field(&b, "threads_total", s.threads_total, true);
+  json_field(&b, "caches_taken_back", __atomic_load_n(&_keel_caches_taken_back, __ATOMIC_RELAXED), true);
   json_field(&b, "os_page_size", s.os_page_size, true);
   json_field(&b, "huge_page_size", s.huge_page_size, true);
   json_field(&b, "borrowed_blocks", _keel_central_borrowed_blocks(), true);
@@ -251,6 +253,7 @@ KEEL_API const char* keel_version(void) { return "0.1.0"; }
 KEEL_API size_t keel_purge(void) {
   keel_ensure_init();
   _keel_tcache_thread_flush();
+  if (keel_opt(tcache_idle_ms) != 0) _keel_tcache_take_back_idle(0); /* every thread not in malloc or free now */
   return _keel_purge_now(UINT32_MAX);
 }
 

@@ -13,7 +13,7 @@
  * that nobody takes within the purge delay gives its blocks back. */
 #include "core/internal.h"
 
-_Thread_local keel_tcache_t* _keel_tc = &_keel_tc_empty;
+_Thread_local keel_thread_t _keel_thread = {.tc = &_keel_tc_empty};
 /* All bins empty with no room: every access misses, also before start-up. */
 keel_tcache_t _keel_tc_empty = {.head = {[0 ... KEEL_NUM_CLASSES - 1] = KEEL_LINK_END}};
 
@@ -32,6 +32,7 @@ keel_tcache_t _keel_tc_empty = {.head = {[0 ... KEEL_NUM_CLASSES - 1] = KEEL_LIN
 enum { THREAD_NEW = 0, THREAD_YOUNG, THREAD_CACHED, THREAD_BUSY, THREAD_GONE };
 static _Thread_local uint8_t thread_state;
 static _Thread_local uint8_t young_ops; /* slow-path calls made while young */
+static _Thread_local keel_tcache_t* own_cache; /* the cache of a THREAD_CACHED thread */
 
 static keel_lock_t registry_lock KEEL_ALWAYS_BSS = KEEL_LOCK_INIT;
 keel_lock_t* const _keel_lock_threads = &registry_lock; /* statistics (stats.c) */
@@ -216,6 +217,10 @@ static keel_tcache_t* tcache_create(void) {
     bins_reset(t);
     t->refills = t->flushes = 0;
   }
+  t->owner = &_keel_thread;
+  t->active_tick = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  t->taken = false;
+  own_cache = t;
   keel_lock(&registry_lock);
   t->prev = NULL;
   t->next = registry;
@@ -224,10 +229,21 @@ static keel_tcache_t* tcache_create(void) {
   if (!kept) __atomic_store_n(&_keel_live_caches, _keel_live_caches + 1, __ATOMIC_RELAXED);
   if (_keel_live_caches >= 2) _keel_transfer_spread();
   if (was == THREAD_NEW) count_thread_start();
+  __atomic_store_n(&_keel_thread.tc, t, __ATOMIC_RELAXED); /* the purger swaps it under the lock */
   keel_unlock(&registry_lock);
   _keel_prim_thread_bind(t);
-  _keel_tc = t;
   thread_state = THREAD_CACHED;
+  return t;
+}
+
+/* A thread whose cache the purger took back finds the empty cache: it takes its own
+ * again, under the registry lock, so never while the purger is still emptying it. */
+KEEL_COLD static keel_tcache_t* tcache_rebind(void) {
+  keel_tcache_t* t = own_cache;
+  keel_lock(&registry_lock);
+  __atomic_store_n(&_keel_thread.tc, t, __ATOMIC_RELAXED);
+  t->taken = false;
+  keel_unlock(&registry_lock);
   return t;
 }
 
@@ -244,6 +260,7 @@ static inline bool spare_recycled(void) {
  * (or busy creating its cache, or exiting, or cannot have one), in which case the block
  * goes to or comes from the central list directly. */
 static keel_tcache_t* tcache_or_young(void) {
+  if (thread_state == THREAD_CACHED) return tcache_rebind();
   if (thread_state == THREAD_NEW && !thread_register()) return tcache_create();
   if (thread_state != THREAD_YOUNG) return NULL;
   if (young_ops < YOUNG_OPS && __atomic_load_n(&_keel_tcache_sampling, __ATOMIC_RELAXED) == NULL && !spare_recycled()) {
@@ -317,14 +334,26 @@ void _keel_tcache_release_spares(uint64_t min_ticks) {
 static void on_thread_exit(void* value) {
   keel_tcache_t* t = (keel_tcache_t*)value;
   thread_state = THREAD_GONE; /* later frees in this thread go straight to central */
-  _keel_tc = &_keel_tc_empty;
-  if (t == NULL) return;
+  if (t == NULL) {
+    _keel_thread.tc = &_keel_tc_empty;
+    return;
+  }
   if (t == &_keel_tc_empty) { /* a young thread */
+    _keel_thread.tc = &_keel_tc_empty;
     keel_lock(&registry_lock);
     live_threads--;
     keel_unlock(&registry_lock);
     return;
   }
+  /* Out of the registry first: from then on the purger neither takes this cache back nor
+   * writes this thread's pointer, which is about to go with the thread. */
+  keel_lock(&registry_lock);
+  if (t->prev) t->prev->next = t->next;
+  else registry = t->next;
+  if (t->next) t->next->prev = t->prev;
+  t->owner = NULL;
+  __atomic_store_n(&_keel_thread.tc, &_keel_tc_empty, __ATOMIC_RELAXED);
+  keel_unlock(&registry_lock);
   /* Kept whole only where the purger will return it if no thread takes it. Where no
    * thread has started within the purge delay, none is coming to take it: the process is
    * shrinking (its clients have gone), and the purger is asked to return the free memory
@@ -341,9 +370,6 @@ static void on_thread_exit(void* value) {
   else
     _keel_tcache_flush(t);
   keel_lock(&registry_lock);
-  if (t->prev) t->prev->next = t->next;
-  else registry = t->next;
-  if (t->next) t->next->prev = t->prev;
   if (!keep) __atomic_store_n(&_keel_live_caches, _keel_live_caches - 1, __ATOMIC_RELAXED);
   live_threads--;
   __atomic_store_n(&t->kept, keep, __ATOMIC_RELAXED);
@@ -355,8 +381,9 @@ static void on_thread_exit(void* value) {
 }
 
 void _keel_tcache_thread_flush(void) {
-  keel_tcache_t* t = _keel_tc;
+  keel_tcache_t* t = keel_tc_enter();
   if (t != &_keel_tc_empty) _keel_tcache_flush(t);
+  keel_tc_leave();
 }
 
 /* Without a cache (while young, while creating one, or after the thread's exit handler
@@ -398,12 +425,19 @@ static void* bin_refill(keel_tcache_t* t, unsigned cls, void* list, uint32_t got
   return bin_pop(t, cls);
 }
 
+/* The thread is working (the purger takes back only caches that saw no slow path for a
+ * while). */
+static inline void mark_active(keel_tcache_t* t) {
+  __atomic_store_n(&t->active_tick, __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+}
+
 void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) {
 #if KEEL_DEBUG >= 2
   static _Thread_local unsigned verify_tick;
   if (++verify_tick % KEEL_VERIFY_EVERY == 0) _keel_verify();
 #endif
   if (t == &_keel_tc_empty) t = tcache_or_young();
+  if (t != NULL) mark_active(t);
   bool cached = t != NULL && t->bin[cls].max != 0; /* else cacheless, or an uncached class */
   uint32_t want = 0;
   bool looked = false; /* the transfer cache was searched and had nothing */
@@ -441,6 +475,7 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) {
 
 void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
   if (t == &_keel_tc_empty) t = tcache_or_young();
+  if (t != NULL) mark_active(t);
   if (t == NULL || t->bin[cls].max == 0) { /* cacheless, or an uncached class */
     keel_link_set(p, NULL);
     ((uintptr_t*)p)[1] = _keel_free_key;
@@ -467,6 +502,55 @@ void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
   t->bin[cls].avail--;
 }
 
+/* ---- caches of waiting threads ----------------------------------------------------
+ * A thread that worked and then waits (a pooled connection between clients, an idle
+ * worker) would keep its cache's free blocks for as long as it waits, since only its own
+ * thread touches a cache: 1,024 such threads held 20-60 KiB each. The purger takes them
+ * back. It points the thread at the empty cache, then has every processor that runs one
+ * of the process's threads execute a memory barrier (membarrier(2), once for all the
+ * caches it takes), then reads the thread's busy flag: clear, the thread is not using
+ * the cache, and its next malloc or free finds the empty cache, takes the slow path and
+ * binds its own cache again (tcache_rebind), empty and with its bins starting small. Set
+ * (the thread is in a malloc or free, perhaps preempted or in a signal handler there),
+ * the pointer is put back and the cache waits for a later tick. The fast paths pay two
+ * plain stores for this, no fence and no atomic read-modify-write: the barrier is the
+ * purger's. Where membarrier is unavailable nothing is taken back. The registry lock
+ * is held throughout: a thread that ends or rebinds waits for it. TSan cannot see the
+ * barrier, so its builds take nothing back. */
+uint64_t _keel_caches_taken_back; /* written under the registry lock */
+
+bool _keel_tcache_take_back_idle(uint64_t idle_ticks) {
+#if KEEL_TSAN
+  (void)idle_ticks;
+  return false;
+#else
+  uint64_t now = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  bool any = false;
+  keel_lock(&registry_lock);
+  for (keel_tcache_t* t = registry; t != NULL; t = t->next) {
+    uint64_t active = __atomic_load_n(&t->active_tick, __ATOMIC_RELAXED);
+    if (t->owner == &_keel_thread || t->taken) continue; /* the caller's, or empty since */
+    if (idle_ticks != 0 && now - active < idle_ticks) continue;
+    __atomic_store_n(&t->owner->tc, &_keel_tc_empty, __ATOMIC_RELAXED);
+    t->taking = any = true;
+  }
+  bool fenced = !any || _keel_prim_barrier_all_threads();
+  for (keel_tcache_t* t = registry; any && t != NULL; t = t->next) {
+    if (!t->taking) continue;
+    t->taking = false;
+    if (!fenced || __atomic_load_n(&t->owner->busy, __ATOMIC_ACQUIRE) != 0) {
+      __atomic_store_n(&t->owner->tc, t, __ATOMIC_RELAXED);
+      continue;
+    }
+    t->taken = true;
+    cache_flush(t, true);
+    __atomic_store_n(&_keel_caches_taken_back, _keel_caches_taken_back + 1, __ATOMIC_RELAXED);
+  }
+  keel_unlock(&registry_lock);
+  return fenced;
+#endif
+}
+
 bool _keel_tcache_contains(keel_tcache_t* t, unsigned cls, void* p) {
   uint32_t count = t->bin[cls].max - t->bin[cls].avail;
   void* q = keel_bin_first(t, cls);
@@ -483,7 +567,8 @@ void _keel_tcache_unlock_all(void) { keel_unlock(&registry_lock); }
  * leak in the child) and the cache structures are recycled. */
 void _keel_tcache_after_fork_child(void) {
   keel_lock_reset(&registry_lock);
-  keel_tcache_t* mine = _keel_tc;
+  /* Its own cache, also where the purger had taken it back (the thread rebinds it). */
+  keel_tcache_t* mine = thread_state == THREAD_CACHED ? own_cache : &_keel_tc_empty;
   keel_tcache_t* next;
   for (keel_tcache_t* t = registry; t != NULL; t = next) {
     next = t->next;

@@ -45,8 +45,14 @@ typedef struct keel_tcache_s {
   size_t max_bytes;                  /* sum over bins of max * block size */
   uint64_t refills;                  /* slow-path statistics, owner-written */
   uint64_t flushes;
-  uint64_t spare_since;              /* purger tick its thread exited, if it kept its blocks */
+  union {
+    uint64_t spare_since;            /* a spare: purger tick its thread exited, if it kept its blocks */
+    uint64_t active_tick;            /* in use: purger tick of its thread's last slow-path call */
+  };
+  struct keel_thread_s* owner;       /* its thread's _keel_thread, while in the registry */
   bool kept;                         /* a spare cache that still holds its thread's blocks */
+  bool taken;                        /* taken back by the purger, not yet bound again */
+  bool taking;                       /* being taken back (the purger's pass) */
 } keel_tcache_t;
 
 /* free()'s room check: takes one unit of room from the bin, true if there was one. On
@@ -86,9 +92,27 @@ static inline void keel_bin_set_countdown(keel_bin_t* b, uint32_t pops) {
 
 /* The calling thread's cache. Threads start on the empty cache, whose bins are all empty
  * with no room, so every malloc and free takes the slow path, which serves a young thread
- * from the central lists and gives a thread that keeps going its own cache (tcache.c). */
-extern _Thread_local keel_tcache_t* _keel_tc KEEL_INTERNAL;
+ * from the central lists and gives a thread that keeps going its own cache (tcache.c).
+ * `busy` is set while the thread uses `tc` (keel_tc_enter .. keel_tc_leave): the purger
+ * takes back the cache of a thread that has waited only while it is clear (tcache.c,
+ * "Caches of waiting threads"). One struct, so the fast paths find both with one
+ * address. */
+typedef struct keel_thread_s {
+  keel_tcache_t* tc;
+  uint8_t busy;
+} keel_thread_t;
+extern _Thread_local keel_thread_t _keel_thread KEEL_INTERNAL;
 extern keel_tcache_t _keel_tc_empty KEEL_INTERNAL;
+
+/* The flag is written before the cache is read; no fence: the purger's membarrier(2)
+ * orders the two for the processor, the signal fence for the compiler. The release
+ * store keeps every use of the cache before the flag is cleared. */
+static inline keel_tcache_t* keel_tc_enter(void) {
+  __atomic_store_n(&_keel_thread.busy, 1, __ATOMIC_RELAXED);
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+  return __atomic_load_n(&_keel_thread.tc, __ATOMIC_RELAXED);
+}
+static inline void keel_tc_leave(void) { __atomic_store_n(&_keel_thread.busy, 0, __ATOMIC_RELEASE); }
 
 /* Every free block carries this process-random value in its second word, and every
  * path that hands a block out clears it. So a block that still has it is free: freeing
@@ -106,6 +130,11 @@ void _keel_tcache_flush(keel_tcache_t* t) KEEL_INTERNAL;
  * give them back to the slabs (0: all of them). */
 void _keel_tcache_release_spares(uint64_t min_ticks) KEEL_INTERNAL;
 void _keel_tcache_thread_flush(void) KEEL_INTERNAL;
+/* Takes back the caches of threads that made no slow-path call for idle_ticks purger
+ * ticks or more and are not using them (0: every such cache whose thread is not busy
+ * now); false where the process-wide barrier is unavailable. */
+bool _keel_tcache_take_back_idle(uint64_t idle_ticks) KEEL_INTERNAL;
+extern uint64_t _keel_caches_taken_back KEEL_INTERNAL; /* so far (statistics) */
 /* True if p is in t's bin of class cls (tests and diagnostics). */
 bool _keel_tcache_contains(keel_tcache_t* t, unsigned cls, void* p) KEEL_INTERNAL;
 void _keel_tcache_lock_all(void) KEEL_INTERNAL;

@@ -21,16 +21,17 @@ void* _keel_alloc_direct(unsigned cls) {
  * aligned requests, whose class was chosen for its blocks' alignment. */
 static inline void* alloc_class(unsigned cls, size_t n, bool via_cache, bool may_borrow) {
   if (!via_cache) return _keel_alloc_direct(cls);
-  keel_tcache_t* t = _keel_tc;
+  keel_tcache_t* t = keel_tc_enter();
   void* p;
   if (KEEL_LIKELY(!keel_bin_empty(t, cls))) {
     p = keel_bin_pop_block(t, cls);
-    if (KEEL_UNLIKELY(!keel_bin_count_pop(&t->bin[cls]))) return _keel_profile_countdown_expired(t, cls, p, n);
-    return p;
+    if (KEEL_UNLIKELY(!keel_bin_count_pop(&t->bin[cls]))) p = _keel_profile_countdown_expired(t, cls, p, n);
+  } else {
+    p = _keel_tcache_alloc_slow(t, cls, may_borrow);
+    if (p != NULL && t != &_keel_tc_empty && KEEL_UNLIKELY(!keel_bin_count_sample_only(&t->bin[cls])))
+      p = _keel_profile_countdown_expired(t, cls, p, n);
   }
-  p = _keel_tcache_alloc_slow(t, cls, may_borrow);
-  if (p == NULL || t == &_keel_tc_empty) return p;
-  if (KEEL_UNLIKELY(!keel_bin_count_sample_only(&t->bin[cls]))) return _keel_profile_countdown_expired(t, cls, p, n);
+  keel_tc_leave();
   return p;
 }
 

@@ -137,7 +137,7 @@ void _keel_verify(void) {
   _keel_pageheap_unlock_all();
   _keel_central_unlock_all();
   /* The calling thread's own cache (other threads' caches change under our feet). */
-  keel_tcache_t* t = _keel_tc;
+  keel_tcache_t* t = _keel_thread.tc;
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     VERIFY(t->bin[cls].avail <= t->bin[cls].max);
     uint32_t n = 0;

@@ -124,6 +124,12 @@ bool _keel_prim_thread_start(void* (*fn)(void*), void* arg);
 /* In a forked child (one thread): releases the stack of the helper thread started
  * before the fork, which did not survive it. */
 void _keel_prim_thread_forget_after_fork(void);
+/* Has every processor that runs one of this process's threads execute a full memory
+ * barrier before it returns (membarrier(2), private expedited; registered on first
+ * use): a thread's stores made before the call are then visible, and its loads after
+ * it see the caller's earlier stores. False where the kernel or a seccomp filter
+ * refuses it; then it is never tried again. */
+bool _keel_prim_barrier_all_threads(void);
 /* Number of threads in this process still running, the caller included (0 if
  * unknown). A main thread that ended with pthread_exit does not count. */
 int _keel_prim_thread_count(void);

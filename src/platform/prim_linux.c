@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <linux/futex.h>
+#include <linux/membarrier.h>
 #include <linux/userfaultfd.h>
 #include <pthread.h>
 #include <sched.h>
@@ -377,6 +378,28 @@ void _keel_prim_futex_wake(volatile uint32_t* addr, int n) {
 }
 
 void _keel_prim_yield(void) { sched_yield(); }
+
+static _Atomic int barrier_state; /* 0 not registered (yet), 1 registered, 2 unavailable */
+
+bool _keel_prim_barrier_all_threads(void) {
+  int saved = errno;
+  bool ok = false;
+  for (int tries = 0; tries < 2 && !ok; tries++) {
+    int s = atomic_load_explicit(&barrier_state, memory_order_relaxed);
+    if (s == 2) break;
+    if (s == 0) { /* also after a fork or an exec: the kernel asks for it again (EPERM) */
+      if (syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) != 0) {
+        atomic_store_explicit(&barrier_state, 2, memory_order_relaxed);
+        break;
+      }
+      atomic_store_explicit(&barrier_state, 1, memory_order_relaxed);
+    }
+    ok = syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0;
+    if (!ok) atomic_store_explicit(&barrier_state, errno == EPERM ? 0 : 2, memory_order_relaxed);
+  }
+  errno = saved;
+  return ok;
+}
 
 static pthread_key_t exit_key;
 static _Atomic int exit_key_state; /* 0 none, 1 creating, 2 ready, 3 failed */

@@ -370,7 +370,7 @@ static void* young_thread(void* arg) {
   keel_stats_t s;
   s.size = sizeof s;
   keel_stats_get(&s);
-  uintptr_t ok = _keel_tc == &_keel_tc_empty && p != NULL && s.threads >= 2 &&
+  uintptr_t ok = _keel_thread.tc == &_keel_tc_empty && p != NULL && s.threads >= 2 &&
                  _keel_central_is_free(keel_size_class(64), p) ? 1 : 0;
   return (void*)ok;
 }
@@ -386,7 +386,7 @@ static void test_thread_cache(void) {
   for (int i = 0; i < 1000; i++) free(malloc(64));
   void* p = malloc(64);
   free(p);
-  keel_tcache_t* t = _keel_tc;
+  keel_tcache_t* t = _keel_thread.tc;
   CHECK(t != &_keel_tc_empty);
   unsigned cls = keel_size_class(64);
   CHECK(keel_bin_first(t, cls) == p);
@@ -417,7 +417,7 @@ static unsigned take_until_switched(unsigned c, void** taken, unsigned max) {
  * that stays small keeps its coarse class. */
 static void test_fine_classes(void) {
   TEST_SECTION("coarse then fine size classes");
-  keel_tcache_t* t = _keel_tc;
+  keel_tcache_t* t = _keel_thread.tc;
   CHECK(t != &_keel_tc_empty); /* test_thread_cache gave this thread a cache */
   void* before = malloc(200);
   CHECK(malloc_usable_size(before) == 224);
@@ -482,7 +482,7 @@ static void test_fine_classes(void) {
 /* Blocks above KEEL_CACHED_MAX skip the thread cache both ways. */
 static void test_uncached_class(void) {
   TEST_SECTION("classes above KEEL_CACHED_MAX are not cached");
-  keel_tcache_t* t = _keel_tc;
+  keel_tcache_t* t = _keel_thread.tc;
   CHECK(t != &_keel_tc_empty);
   unsigned cls = keel_size_class(40000);
   CHECK(_keel_classes[cls].size > KEEL_CACHED_MAX);
@@ -548,7 +548,7 @@ static void test_half_batches(void) {
   /* In a small heap the bins of a class spanning fewer than four slabs hold at most one
    * batch. */
   CHECK(!_keel_classes_are_fine());
-  keel_tcache_t* t = _keel_tc;
+  keel_tcache_t* t = _keel_thread.tc;
   static void* blocks[300];
   for (int r = 0; r < 3; r++) {
     for (int i = 0; i < 300; i++) blocks[i] = malloc(72);
@@ -820,7 +820,7 @@ static void test_busy_trim_big(void) {
  * blocks in this thread's cache, and the free pages of partly used slabs (a forked
  * child keeps every page it inherits). */
 static unsigned cached_in_bin(unsigned cls) {
-  keel_tcache_t* t = _keel_tc;
+  keel_tcache_t* t = _keel_thread.tc;
   return t == &_keel_tc_empty ? 0 : t->bin[cls].max - t->bin[cls].avail;
 }
 
@@ -1018,7 +1018,7 @@ static void test_borrow(void) {
   CHECK(_keel_central_borrowed_blocks() == borrowed0 + 1 + ngot);
   CHECK(ngot < N && malloc_usable_size(got[ngot]) == 1536);
   /* A borrowed block frees into its own class's bin, like any other. */
-  keel_tcache_t* t = _keel_tc;
+  keel_tcache_t* t = _keel_thread.tc;
   if (ngot > 0 && t != &_keel_tc_empty && t->bin[lender].max > 0) {
     free(got[0]);
     CHECK(_keel_tcache_contains(t, lender, got[0]));
