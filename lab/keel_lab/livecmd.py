@@ -40,6 +40,9 @@ def _summary_table(snap: live.Snapshot, rss_kib: int, prev: live.Snapshot | None
     if snap.carved_holes:  # layout 8; left out when 0, as KEEL_STATS=1 does
         t.add_row("carved", f"{snap.carved_holes:,} holes",
                   "larger classes' free blocks holding smaller blocks")
+    if snap.caches_taken_back:  # layout 9; left out when 0, as KEEL_STATS=1 does
+        t.add_row("idle caches", f"{snap.caches_taken_back:,} taken back",
+                  "waiting threads' cached free blocks returned")
     for name in ("central", "page heap"):
         lk = (snap.locks or {}).get(name)
         if not lk:
@@ -147,6 +150,8 @@ def cmd_stats(args) -> int:
             doc["borrowed_blocks"] = snap.borrowed_blocks
         if snap.carved_holes is not None:  # layout 8; keel_stats_json's name
             doc["carved_holes"] = snap.carved_holes
+        if snap.caches_taken_back is not None:  # layout 9; keel_stats_json's name
+            doc["caches_taken_back"] = snap.caches_taken_back
         mesh_doc = mesh_stats_doc(snap.mesh_stats)
         if mesh_doc is not None:
             doc["mesh_stats"] = mesh_doc

@@ -124,6 +124,7 @@ def test_stats_json_and_top(hog, keel_path):
             "would compare zeros")
         assert "borrowed_blocks" in s, "libkeel does not publish layout 7"
         assert "carved_holes" in s, "libkeel does not publish layout 8"
+        assert "caches_taken_back" in s, "libkeel does not publish layout 9"
         assert s["borrowed_blocks"] == int(own["borrowed_blocks"]), (s["borrowed_blocks"], own)
         assert s["carved_holes"] == int(own["carved_holes"]), (s["carved_holes"], own)
         t = keel("top", str(p.pid), "--count", "2", "--interval", "0.3", check=True)
@@ -279,16 +280,17 @@ def test_stats_mesh_estimate(tmp_path, cc, keel_path):
 # not taken from keel_lab.live, so a slip in either shows.
 
 def published_bytes(version: int, pid: int, mesh: tuple | None = None,
-                    borrowed: int = 0, carved: int = 0) -> bytearray:
+                    borrowed: int = 0, carved: int = 0, idle: int = 0) -> bytearray:
     """A /dev/shm/keel-<pid> as a Keel of layout `version` writes it: two size classes,
     two locks, `answered` far ahead (a reader's request counts as answered at once),
     for layouts 5 to 7 keel_mesh_stats_t = `mesh` (state, barrier, then 11 counters)
-    for layout 7 borrowed_blocks = `borrowed` and for 8 carved_holes = `carved`. Layout 6
-    has 127 classes and 73 mesh rows, 5 had 120 and 72; 7 appends borrowed_blocks at
-    11136, 8 carved_holes at 11144."""
+    for layout 7 borrowed_blocks = `borrowed`, for 8 carved_holes = `carved` and for 9
+    caches_taken_back = `idle`. Layout 6 has 127 classes and 73 mesh rows, 5 had 120 and
+    72; 7 appends borrowed_blocks at 11136, 8 carved_holes at 11144, 9 caches_taken_back
+    at 11152."""
     nlocks, mesh_stats = (5560, 11040) if version >= 6 else (5280, 10688)
     buf = bytearray(mesh_stats + (96 if version >= 5 else 0) + (8 if version >= 7 else 0) +
-                    (8 if version >= 8 else 0))
+                    (8 if version >= 8 else 0) + (8 if version >= 9 else 0))
     struct.pack_into("<QIIQ", buf, 0, live.MAGIC, version, 480, pid)
     struct.pack_into("<Q", buf, 32, 1 << 40)                 # answered
     struct.pack_into("<QQQ", buf, 56, 2, 123456, 0)           # seq (even), updated_ms, purged
@@ -307,6 +309,8 @@ def published_bytes(version: int, pid: int, mesh: tuple | None = None,
         struct.pack_into("<Q", buf, 11136, borrowed)
     if version >= 8:
         struct.pack_into("<Q", buf, 11144, carved)
+    if version >= 9:
+        struct.pack_into("<Q", buf, 11152, idle)
     return buf
 
 
@@ -327,7 +331,7 @@ def fake_published(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("version", [5, 6, 7, 8])
 def test_parse_mesh_stats(fake_published, version):
-    assert live.LAYOUT_VERSION == 8 and set(live.LAYOUTS_READ) == {2, 3, 4, 5, 6, 7, 8}
+    assert live.LAYOUT_VERSION == 9 and set(live.LAYOUTS_READ) == {2, 3, 4, 5, 6, 7, 8, 9}
     pid = fake_published(published_bytes(version, os.getpid(), MESH_ON))
     snap = live.read(pid, timeout=0.5)
     assert snap.layout == version
@@ -376,7 +380,7 @@ def test_parse_carved_holes(fake_published, version):
 
 
 def test_unknown_layout_refused(fake_published):
-    pid = fake_published(published_bytes(9, os.getpid(), MESH_ON))
+    pid = fake_published(published_bytes(10, os.getpid(), MESH_ON))
     with pytest.raises(live.LiveError, match="known layout"):
         live.read(pid, timeout=0.5)
 
@@ -411,7 +415,8 @@ def test_stats_without_meshing_unchanged(fake_published, capsys, version, mesh):
 
 @pytest.mark.parametrize("version,field,key,row", [
     (7, "borrowed", "borrowed_blocks", ("borrowed", "12,345 blocks", "larger classes' slabs")),
-    (8, "carved", "carved_holes", ("carved", "12,345 holes", "smaller blocks"))])
+    (8, "carved", "carved_holes", ("carved", "12,345 holes", "smaller blocks")),
+    (9, "idle", "caches_taken_back", ("idle caches", "12,345 taken back", "waiting threads"))])
 def test_stats_shows_a_counter(fake_published, capsys, version, field, key, row):
     pid = fake_published(published_bytes(version, os.getpid(), (0,) * 13, **{field: 12345}))
     _stats_cmd(pid, True)
@@ -423,7 +428,8 @@ def test_stats_shows_a_counter(fake_published, capsys, version, field, key, row)
 
 @pytest.mark.parametrize("version,field,key,since", [
     (7, "borrowed", "borrowed_blocks", 7), (6, "borrowed", "borrowed_blocks", 7),
-    (8, "carved", "carved_holes", 8), (7, "carved", "carved_holes", 8)])
+    (8, "carved", "carved_holes", 8), (7, "carved", "carved_holes", 8),
+    (9, "idle", "caches_taken_back", 9), (8, "idle", "caches_taken_back", 9)])
 def test_stats_without_a_counter(fake_published, capsys, version, field, key, since):
     # 0 (from the layout that has the counter on) is in the JSON but not the table; an
     # older layout has neither, whatever the bytes where it would be
