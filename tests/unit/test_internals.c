@@ -1302,6 +1302,9 @@ static void test_lock_stats(void) {
 }
 
 int main(void) {
+  /* These tests look inside this thread's cache between calls: the purger must not take
+   * it back meanwhile (under qemu a test can run for over a second without a slow path). */
+  _keel_options.tcache_idle_ms = 0;
   test_platform_calls();
   test_popcount();
   test_helper_stack_after_fork();
