@@ -13,11 +13,7 @@ static uint64_t meta_total;
 
 void* _keel_meta_alloc(size_t size) {
   size = (size + 63) & ~(size_t)63;
-  if (size > META_REGION / 4) {
-    void* p = _keel_prim_map((size + _keel_page_size - 1) & ~(_keel_page_size - 1), 0, NULL);
-    if (p) __atomic_fetch_add(&meta_total, size, __ATOMIC_RELAXED);
-    return p;
-  }
+  if (size > META_REGION / 4) return _keel_meta_alloc_pages(size);
   keel_lock(&meta_lock);
   if (meta_cur == NULL || (size_t)(meta_end - meta_cur) < size) {
     char* region = (char*)_keel_prim_map(META_REGION, 0, NULL);
@@ -32,6 +28,12 @@ void* _keel_meta_alloc(size_t size) {
   meta_cur += size;
   __atomic_fetch_add(&meta_total, size, __ATOMIC_RELAXED); /* read without the lock */
   keel_unlock(&meta_lock);
+  return p;
+}
+
+void* _keel_meta_alloc_pages(size_t size) {
+  void* p = _keel_prim_map((size + _keel_page_size - 1) & ~(_keel_page_size - 1), 0, NULL);
+  if (p) __atomic_fetch_add(&meta_total, size, __ATOMIC_RELAXED);
   return p;
 }
 

@@ -9,6 +9,8 @@
 
 /* ---- metadata (meta.c) ------------------------------------------------------------- */
 void* _keel_meta_alloc(size_t size) KEEL_INTERNAL; /* zeroed, 64-byte aligned; NULL if OOM */
+/* Zeroed whole pages of a mapping of their own, whose pages the caller may purge. */
+void* _keel_meta_alloc_pages(size_t size) KEEL_INTERNAL;
 void _keel_meta_lock_all(void) KEEL_INTERNAL;
 void _keel_meta_unlock_all(void) KEEL_INTERNAL;
 void _keel_meta_reset_locks(void) KEEL_INTERNAL;

@@ -32,7 +32,6 @@ keel_tcache_t _keel_tc_empty = {.head = {[0 ... KEEL_NUM_CLASSES - 1] = KEEL_LIN
 enum { THREAD_NEW = 0, THREAD_YOUNG, THREAD_CACHED, THREAD_BUSY, THREAD_GONE };
 static _Thread_local uint8_t thread_state;
 static _Thread_local uint8_t young_ops; /* slow-path calls made while young */
-static _Thread_local keel_tcache_t* own_cache; /* the cache of a THREAD_CACHED thread */
 
 static keel_lock_t registry_lock KEEL_ALWAYS_BSS = KEEL_LOCK_INIT;
 keel_lock_t* const _keel_lock_threads = &registry_lock; /* statistics (stats.c) */
@@ -200,8 +199,8 @@ static keel_tcache_t* tcache_create(void) {
   keel_lock(&registry_lock);
   keel_tcache_t* t = spare;
   if (t) __atomic_store_n(&spare, t->next, __ATOMIC_RELAXED);
+  else t = _keel_tcache_slot_alloc();
   keel_unlock(&registry_lock);
-  if (t == NULL) t = (keel_tcache_t*)_keel_meta_alloc(sizeof(keel_tcache_t));
   if (t == NULL) {
     /* Out of memory: stay cacheless and try again only after another YOUNG_OPS
      * slow-path calls, not on every one. */
@@ -219,9 +218,8 @@ static keel_tcache_t* tcache_create(void) {
   }
   t->owner = &_keel_thread;
   t->active_tick = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
-  t->taken = false;
-  own_cache = t;
   keel_lock(&registry_lock);
+  _keel_thread.own = t;
   t->prev = NULL;
   t->next = registry;
   if (registry) registry->prev = t;
@@ -236,14 +234,20 @@ static keel_tcache_t* tcache_create(void) {
   return t;
 }
 
-/* A thread whose cache the purger took back finds the empty cache: it takes its own
- * again, under the registry lock, so never while the purger is still emptying it. */
+/* A thread on the empty cache that had its own: the purger was looking at it, and the
+ * thread takes it again under the registry lock, so never while the purger is still at
+ * work; or the purger gave it back, and the thread gets a new one (NULL). */
 KEEL_COLD static keel_tcache_t* tcache_rebind(void) {
-  keel_tcache_t* t = own_cache;
   keel_lock(&registry_lock);
-  __atomic_store_n(&_keel_thread.tc, t, __ATOMIC_RELAXED);
-  t->taken = false;
+  keel_tcache_t* t = _keel_thread.own;
+  if (t != NULL) {
+    __atomic_store_n(&_keel_thread.tc, t, __ATOMIC_RELAXED);
+  }
   keel_unlock(&registry_lock);
+  if (t == NULL) { /* young again, but one that has shown it works: a cache at once */
+    thread_state = THREAD_YOUNG;
+    young_ops = YOUNG_OPS;
+  }
   return t;
 }
 
@@ -260,7 +264,10 @@ static inline bool spare_recycled(void) {
  * (or busy creating its cache, or exiting, or cannot have one), in which case the block
  * goes to or comes from the central list directly. */
 static keel_tcache_t* tcache_or_young(void) {
-  if (thread_state == THREAD_CACHED) return tcache_rebind();
+  if (thread_state == THREAD_CACHED) {
+    keel_tcache_t* t = tcache_rebind();
+    if (t != NULL) return t;
+  }
   if (thread_state == THREAD_NEW && !thread_register()) return tcache_create();
   if (thread_state != THREAD_YOUNG) return NULL;
   if (young_ops < YOUNG_OPS && __atomic_load_n(&_keel_tcache_sampling, __ATOMIC_RELAXED) == NULL && !spare_recycled()) {
@@ -331,29 +338,30 @@ void _keel_tcache_release_spares(uint64_t min_ticks) {
   keel_unlock(&registry_lock);
 }
 
-static void on_thread_exit(void* value) {
-  keel_tcache_t* t = (keel_tcache_t*)value;
-  thread_state = THREAD_GONE; /* later frees in this thread go straight to central */
-  if (t == NULL) {
-    _keel_thread.tc = &_keel_tc_empty;
-    return;
-  }
-  if (t == &_keel_tc_empty) { /* a young thread */
-    _keel_thread.tc = &_keel_tc_empty;
-    keel_lock(&registry_lock);
-    live_threads--;
-    keel_unlock(&registry_lock);
-    return;
-  }
-  /* Out of the registry first: from then on the purger neither takes this cache back nor
-   * writes this thread's pointer, which is about to go with the thread. */
-  keel_lock(&registry_lock);
+/* Registry lock held: t, a cache in the registry, leaves it and its thread. */
+static void registry_unlink(keel_tcache_t* t) {
   if (t->prev) t->prev->next = t->next;
   else registry = t->next;
   if (t->next) t->next->prev = t->prev;
   t->owner = NULL;
+}
+
+static void on_thread_exit(void* value) {
+  (void)value; /* the cache bound at its creation, which the purger may have given back since */
+  thread_state = THREAD_GONE; /* later frees in this thread go straight to central */
+  /* Out of the registry first: from then on the purger neither takes this cache back nor
+   * writes this thread's pointers, which are about to go with the thread. */
+  keel_lock(&registry_lock);
+  keel_tcache_t* t = _keel_thread.own;
+  _keel_thread.own = NULL;
   __atomic_store_n(&_keel_thread.tc, &_keel_tc_empty, __ATOMIC_RELAXED);
+  if (t != NULL) {
+    registry_unlink(t);
+  } else {
+    live_threads--; /* a young thread, or one whose cache was given back */
+  }
   keel_unlock(&registry_lock);
+  if (t == NULL) return;
   /* Kept whole only where the purger will return it if no thread takes it. Where no
    * thread has started within the purge delay, none is coming to take it: the process is
    * shrinking (its clients have gone), and the purger is asked to return the free memory
@@ -509,10 +517,11 @@ void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
  * back. It points the thread at the empty cache, then has every processor that runs one
  * of the process's threads execute a memory barrier (membarrier(2), once for all the
  * caches it takes), then reads the thread's busy flag: clear, the thread is not using
- * the cache, and its next malloc or free finds the empty cache, takes the slow path and
- * binds its own cache again (tcache_rebind), empty and with its bins starting small. Set
- * (the thread is in a malloc or free, perhaps preempted or in a signal handler there),
- * the pointer is put back and the cache waits for a later tick. The fast paths pay two
+ * the cache, and its next malloc or free finds the empty cache and takes the slow path:
+ * the purger empties the cache into the slabs and gives its struct back as well
+ * (tcache_slots.c), and the thread starts over as a young one (tcache_rebind). Set (the
+ * thread is in a malloc or free, perhaps preempted or in a signal handler there), the
+ * pointer is put back and the cache waits for a later tick. The fast paths pay two
  * plain stores for this, no fence and no atomic read-modify-write: the barrier is the
  * purger's. Where membarrier is unavailable nothing is taken back. The registry lock
  * is held throughout: a thread that ends or rebinds waits for it. TSan cannot see the
@@ -529,21 +538,32 @@ bool _keel_tcache_take_back_idle(uint64_t idle_ticks) {
   keel_lock(&registry_lock);
   for (keel_tcache_t* t = registry; t != NULL; t = t->next) {
     uint64_t active = __atomic_load_n(&t->active_tick, __ATOMIC_RELAXED);
-    if (t->owner == &_keel_thread || t->taken) continue; /* the caller's, or empty since */
+    if (t->owner == &_keel_thread) continue; /* the caller's own: keel_purge flushed it */
     if (idle_ticks != 0 && now - active < idle_ticks) continue;
     __atomic_store_n(&t->owner->tc, &_keel_tc_empty, __ATOMIC_RELAXED);
     t->taking = any = true;
   }
   bool fenced = !any || _keel_prim_barrier_all_threads();
-  for (keel_tcache_t* t = registry; any && t != NULL; t = t->next) {
+  for (keel_tcache_t *t = registry, *next; any && t != NULL; t = next) {
+    next = t->next;
     if (!t->taking) continue;
     t->taking = false;
-    if (!fenced || __atomic_load_n(&t->owner->busy, __ATOMIC_ACQUIRE) != 0) {
-      __atomic_store_n(&t->owner->tc, t, __ATOMIC_RELAXED);
+    keel_thread_t* owner = t->owner;
+    if (!fenced || __atomic_load_n(&owner->busy, __ATOMIC_ACQUIRE) != 0) {
+      __atomic_store_n(&owner->tc, t, __ATOMIC_RELAXED);
       continue;
     }
-    t->taken = true;
+    /* Emptied, and its struct given back too: the thread starts over as a young one at
+     * its next call (tcache_rebind). */
     cache_flush(t, true);
+    registry_unlink(t);
+    owner->own = NULL;
+    __atomic_store_n(&_keel_live_caches, _keel_live_caches - 1, __ATOMIC_RELAXED);
+    if (!_keel_tcache_slot_free(t)) { /* the static first cache waits on the spare list */
+      t->kept = false;
+      t->next = spare;
+      __atomic_store_n(&spare, t, __ATOMIC_RELAXED);
+    }
     __atomic_store_n(&_keel_caches_taken_back, _keel_caches_taken_back + 1, __ATOMIC_RELAXED);
   }
   keel_unlock(&registry_lock);
@@ -567,8 +587,8 @@ void _keel_tcache_unlock_all(void) { keel_unlock(&registry_lock); }
  * leak in the child) and the cache structures are recycled. */
 void _keel_tcache_after_fork_child(void) {
   keel_lock_reset(&registry_lock);
-  /* Its own cache, also where the purger had taken it back (the thread rebinds it). */
-  keel_tcache_t* mine = thread_state == THREAD_CACHED ? own_cache : &_keel_tc_empty;
+  /* Its own cache: none where it is young or the purger gave its cache back. */
+  keel_tcache_t* mine = _keel_thread.own != NULL ? _keel_thread.own : &_keel_tc_empty;
   keel_tcache_t* next;
   for (keel_tcache_t* t = registry; t != NULL; t = next) {
     next = t->next;

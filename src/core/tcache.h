@@ -51,7 +51,6 @@ typedef struct keel_tcache_s {
   };
   struct keel_thread_s* owner;       /* its thread's _keel_thread, while in the registry */
   bool kept;                         /* a spare cache that still holds its thread's blocks */
-  bool taken;                        /* taken back by the purger, not yet bound again */
   bool taking;                       /* being taken back (the purger's pass) */
 } keel_tcache_t;
 
@@ -100,6 +99,7 @@ static inline void keel_bin_set_countdown(keel_bin_t* b, uint32_t pops) {
 typedef struct keel_thread_s {
   keel_tcache_t* tc;
   uint8_t busy;
+  keel_tcache_t* own; /* its cache, even while `tc` is the empty one; NULL: none (any more) */
 } keel_thread_t;
 extern _Thread_local keel_thread_t _keel_thread KEEL_INTERNAL;
 extern keel_tcache_t _keel_tc_empty KEEL_INTERNAL;
@@ -135,6 +135,10 @@ void _keel_tcache_thread_flush(void) KEEL_INTERNAL;
  * now); false where the process-wide barrier is unavailable. */
 bool _keel_tcache_take_back_idle(uint64_t idle_ticks) KEEL_INTERNAL;
 extern uint64_t _keel_caches_taken_back KEEL_INTERNAL; /* so far (statistics) */
+/* Cache structs' own memory (tcache_slots.c), registry lock held: a zeroed or reused
+ * slot (NULL if out of memory); and giving one back, false if t is not in a slot. */
+keel_tcache_t* _keel_tcache_slot_alloc(void) KEEL_INTERNAL;
+bool _keel_tcache_slot_free(keel_tcache_t* t) KEEL_INTERNAL;
 /* True if p is in t's bin of class cls (tests and diagnostics). */
 bool _keel_tcache_contains(keel_tcache_t* t, unsigned cls, void* p) KEEL_INTERNAL;
 void _keel_tcache_lock_all(void) KEEL_INTERNAL;
