@@ -237,7 +237,7 @@ static keel_tcache_t* tcache_create(void) {
 /* A thread on the empty cache that had its own: the purger was looking at it, and the
  * thread takes it again under the registry lock, so never while the purger is still at
  * work; or the purger gave it back, and the thread gets a new one (NULL). */
-KEEL_COLD static keel_tcache_t* tcache_rebind(void) {
+static keel_tcache_t* tcache_rebind(void) {
   keel_lock(&registry_lock);
   keel_tcache_t* t = _keel_thread.own;
   if (t != NULL) {
