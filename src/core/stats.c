@@ -56,7 +56,8 @@ void _keel_stats_collect(keel_stats_t* out) {
 static void line(keel_buf_t* b, const char* name, uint64_t v) {
   _keel_buf_str(b, "keel:   ");
   _keel_buf_str(b, name);
-  _keel_buf_pad(b, b->len + (16 - strlen(name)));
+  size_t n = strlen(name);
+  _keel_buf_pad(b, b->len + (n < 16 ? 16 - n : 1)); /* at least one space after a long name */
   _keel_buf_u64(b, v);
   _keel_buf_str(b, "\n");
 }
