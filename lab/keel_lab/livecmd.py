@@ -40,7 +40,7 @@ def _summary_table(snap: live.Snapshot, rss_kib: int, prev: live.Snapshot | None
     if snap.carved_holes:  # layout 8; left out when 0, as KEEL_STATS=1 does
         t.add_row("carved", f"{snap.carved_holes:,} holes",
                   "larger classes' free blocks holding smaller blocks")
-    if snap.caches_taken_back:  # layout 9; left out when 0, as KEEL_STATS=1 does
+    if snap.caches_taken_back:  # layout 9; left out when 0
         t.add_row("idle caches", f"{snap.caches_taken_back:,} taken back",
                   "waiting threads' cached free blocks returned")
     for name in ("central", "page heap"):
