@@ -343,7 +343,9 @@ static void carve_release(keel_carve_t* d) {
   _keel_central_unlock_class(cl);
 }
 
-KEEL_COLD unsigned _keel_central_carved_free(void* p, const char* call) {
+/* Not cold: every free of a block in a slab that lends carved holes comes here, its own
+ * blocks' too, and a process that carves would map a second window of libkeel's code. */
+unsigned _keel_central_carved_free(void* p, const char* call) {
   unsigned lender;
   keel_carve_t* d = carved_hole_of(p, &lender);
   if (d == NULL) return lender;
