@@ -5,8 +5,8 @@
  * of them: it runs only when a class would otherwise take a new slab, and it reaches
  * into the lists through slab.h alone. Its searches are in the hot code window: a
  * growing process runs them once the purger has started, whether or not it finds a
- * hole. The carved blocks' frees are cold code (src/hot_text.ld): a process that never
- * carves never maps them. */
+ * hole. So is the free of a block in a slab that lends carved holes: every block of such
+ * a slab, its own too, comes through it. */
 #include "core/slab.h"
 
 /* ---- borrowing -----------------------------------------------------------------------
@@ -343,8 +343,6 @@ static void carve_release(keel_carve_t* d) {
   _keel_central_unlock_class(cl);
 }
 
-/* Not cold: every free of a block in a slab that lends carved holes comes here, its own
- * blocks' too, and a process that carves would map a second window of libkeel's code. */
 unsigned _keel_central_carved_free(void* p, const char* call) {
   unsigned lender;
   keel_carve_t* d = carved_hole_of(p, &lender);

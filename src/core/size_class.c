@@ -115,9 +115,8 @@ bool _keel_classes_are_fine(void) { return __atomic_load_n(&fine, __ATOMIC_RELAX
  * Groups whose coarse class has no free block switch now; the others once their
  * coarse class runs out or keeps growing (_keel_classes_coarse_used), so that the free
  * blocks the coarse phase left are used before the finer classes start slabs of their
- * own. (All
- * at once, blocks freed after the switch left holes in the coarse slabs that only
- * requests of the coarse class's own size filled.) */
+ * own. (All at once, blocks freed after the switch left holes in the coarse slabs
+ * that only requests of the coarse class's own size filled.) */
 void _keel_classes_slabs_grew(uint64_t slab_bytes) {
   if (__atomic_load_n(&fine, __ATOMIC_RELAXED) || slab_bytes < keel_opt(fine_classes)) return;
   if (__atomic_exchange_n(&fine, true, __ATOMIC_RELAXED)) return;

@@ -519,7 +519,7 @@ void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
  * caches it takes), then reads the thread's busy flag: clear, the thread is not using
  * the cache, and its next malloc or free finds the empty cache and takes the slow path:
  * the purger empties the cache into the slabs and gives its struct back as well
- * (tcache_slots.c), and the thread starts over as a young one (tcache_rebind). Set (the
+ * (tcache_slots.c), and that slow path gives the thread a new one (tcache_rebind). Set (the
  * thread is in a malloc or free, perhaps preempted or in a signal handler there), the
  * pointer is put back and the cache waits for a later tick. The fast paths pay two
  * plain stores for this, no fence and no atomic read-modify-write: the barrier is the
@@ -553,8 +553,8 @@ bool _keel_tcache_take_back_idle(uint64_t idle_ticks) {
       __atomic_store_n(&owner->tc, t, __ATOMIC_RELAXED);
       continue;
     }
-    /* Emptied, and its struct given back too: the thread starts over as a young one at
-     * its next call (tcache_rebind). */
+    /* Emptied, and its struct given back too: the thread's next slow path gives it a
+     * new cache (tcache_rebind). */
     cache_flush(t, true);
     registry_unlink(t);
     owner->own = NULL;
