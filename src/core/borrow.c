@@ -15,7 +15,7 @@
  * only by requests of that class: the pages stay resident for the few live blocks
  * each still holds, while the smaller values take new slabs. glibc's best-fit heap
  * reuses such holes for any smaller size. When a class would have to take a new slab,
- * it may instead borrow one free block of a larger class (at most twice its size) whose
+ * it may instead borrow one free block of a larger class (at most twice the request) whose
  * own requests will not want the hole soon (can_lend), from pages that already hold
  * blocks in use: memory the process holds anyway, where a new slab would add pages.
  * The block keeps its own class for life (malloc_usable_size says so, and its free
@@ -25,7 +25,7 @@
  * larger block need not be as aligned), nor do the heap profiler's samples or the
  * checked mode. jemalloc's nallocx() reports the size of the request's own class, so
  * for a borrowed block it is less than malloc_usable_size(), never more. */
-#define BORROW_SPAN 2        /* a lender's blocks are at most this many times the size */
+#define BORROW_SPAN 2        /* a lender's blocks are at most this many times the request */
 #define BORROW_SLABS 64      /* a lender's partly used slabs looked at per borrow */
 #define BORROW_CANDIDATES 512 /* a lender's free blocks looked at per borrow */
 
@@ -97,10 +97,10 @@ static bool borrowing(uint32_t* now, uint32_t* cold) {
   return *cold != 0 && keel_opt(profile_rate) == 0 && keel_opt(mesh) == KEEL_MESH_OFF;
 }
 
-unsigned _keel_central_lender_in(const uintptr_t* heads, unsigned cls) {
+unsigned _keel_central_lender_in(const uintptr_t* heads, unsigned cls, size_t n) {
   uint32_t now, cold;
   if (!borrowing(&now, &cold)) return 0;
-  uint64_t most = (uint64_t)_keel_classes[cls].size * BORROW_SPAN;
+  uint64_t most = (uint64_t)n * BORROW_SPAN;
   for (unsigned lender = cls + 1; lender < KEEL_NUM_CLASSES && _keel_classes[lender].size <= most; lender++)
     if (keel_bin_head_ok(heads[lender]) && can_lend(keel_central_of(lender), &_keel_classes[lender], now, cold))
       return lender;
@@ -108,7 +108,7 @@ unsigned _keel_central_lender_in(const uintptr_t* heads, unsigned cls) {
 }
 
 /* ---- carving ------------------------------------------------------------------------
- * Borrowing lends a whole block of at most twice the size. A much smaller class would
+ * Borrowing lends a whole block of at most twice the request. A much smaller class would
  * waste most of such a block, so it carves one instead: a hole of a class 4 to 64 times
  * its size (on pages that hold blocks in use, as for borrowing) becomes a row of its own
  * blocks behind a 32-byte header, and goes back to its class when the last of them is
@@ -235,10 +235,10 @@ static KEEL_NOINLINE void* take_hole(unsigned lender, uint32_t now, uint32_t col
   return p;
 }
 
-void* _keel_central_borrow(unsigned cls) {
+void* _keel_central_borrow(unsigned cls, size_t n) {
   uint32_t now, cold;
   if (!borrowing(&now, &cold)) return NULL;
-  uint64_t most = (uint64_t)_keel_classes[cls].size * BORROW_SPAN;
+  uint64_t most = (uint64_t)n * BORROW_SPAN;
   for (unsigned lender = cls + 1; lender < KEEL_NUM_CLASSES && _keel_classes[lender].size <= most; lender++) {
     void* p = take_hole(lender, now, cold, false);
     if (p != NULL) {

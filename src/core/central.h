@@ -129,14 +129,15 @@ void* _keel_central_give_front(unsigned cls, void* list, uint32_t n) KEEL_INTERN
 /* The same straight to the slabs, past the transfer cache (blocks no thread wanted for a
  * while: their slabs can then empty and be released). */
 void _keel_central_give_slabs(unsigned cls, void* list) KEEL_INTERNAL;
-/* A free block of a larger, cold class for a request of class cls that would otherwise
- * take a new slab (borrow.c, "borrowing"); NULL if none. Never through a bin. */
+/* A free block of a larger, cold class, at most twice the request's n bytes, for a
+ * request of class cls that would otherwise take a new slab (borrow.c, "borrowing");
+ * NULL if none. Never through a bin. */
 #define KEEL_BORROW_FREE_SHARE 8 /* a class lends while 1/this of its slabs' blocks are free */
-void* _keel_central_borrow(unsigned cls) KEEL_INTERNAL;
-/* A larger class that may lend to cls and whose entry in heads (a thread cache's bin
- * heads) holds a free block; 0 if none. Not counted in _keel_central_borrowed_blocks,
+void* _keel_central_borrow(unsigned cls, size_t n) KEEL_INTERNAL;
+/* A larger class that may lend to cls for a request of n bytes and whose entry in heads
+ * (a thread cache's bin heads) holds a free block; 0 if none. Not counted in _keel_central_borrowed_blocks,
  * which counts blocks lent from slabs. */
-unsigned _keel_central_lender_in(const uintptr_t* heads, unsigned cls) KEEL_INTERNAL;
+unsigned _keel_central_lender_in(const uintptr_t* heads, unsigned cls, size_t n) KEEL_INTERNAL;
 /* A block of class cls carved out of a free block of a class 4-64 times its size
  * (borrow.c, "carving"); NULL if none. Never through a bin. */
 void* _keel_central_carve(unsigned cls) KEEL_INTERNAL;

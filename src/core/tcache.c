@@ -439,7 +439,7 @@ static inline void mark_active(keel_tcache_t* t) {
   __atomic_store_n(&t->active_tick, __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
 }
 
-void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) {
+void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, size_t borrow_for) {
 #if KEEL_DEBUG >= 2
   static _Thread_local unsigned verify_tick;
   if (++verify_tick % KEEL_VERIFY_EVERY == 0) _keel_verify();
@@ -461,10 +461,10 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) {
    * that allocates and frees a block of a class that only ever borrowed gets back, each
    * time, the block it just freed, from its bin: without this each of those requests
    * searched the lender's slabs under its lock (several times slower a pair). */
-  if (may_borrow && !_keel_central_slabs_have_free(cls) && (looked || !_keel_transfer_any(cls))) {
-    unsigned lender = t != NULL ? _keel_central_lender_in(t->head, cls) : 0;
+  if (borrow_for != 0 && !_keel_central_slabs_have_free(cls) && (looked || !_keel_transfer_any(cls))) {
+    unsigned lender = t != NULL ? _keel_central_lender_in(t->head, cls, borrow_for) : 0;
     if (lender != 0) return bin_pop(t, lender);
-    void* p = _keel_central_borrow(cls);
+    void* p = _keel_central_borrow(cls, borrow_for);
     if (p == NULL) p = _keel_central_carve(cls);
     if (p != NULL) return p;
   }

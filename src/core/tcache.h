@@ -123,7 +123,7 @@ extern uintptr_t _keel_free_key KEEL_INTERNAL;
 /* Thread caches in use, or kept with their blocks for the next thread (tcache.c). */
 extern uint64_t _keel_live_caches KEEL_INTERNAL;
 
-void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, bool may_borrow) KEEL_INTERNAL;
+void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, size_t borrow_for) KEEL_INTERNAL;
 void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) KEEL_INTERNAL;
 void _keel_tcache_flush(keel_tcache_t* t) KEEL_INTERNAL;
 /* Spare caches that kept an exited thread's blocks for `min_ticks` purger ticks or more

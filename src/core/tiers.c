@@ -27,7 +27,7 @@ static inline void* alloc_class(unsigned cls, size_t n, bool via_cache, bool may
     p = keel_bin_pop_block(t, cls);
     if (KEEL_UNLIKELY(!keel_bin_count_pop(&t->bin[cls]))) p = _keel_profile_countdown_expired(t, cls, p, n);
   } else {
-    p = _keel_tcache_alloc_slow(t, cls, may_borrow);
+    p = _keel_tcache_alloc_slow(t, cls, may_borrow ? n : 0);
     if (p != NULL && t != &_keel_tc_empty && KEEL_UNLIKELY(!keel_bin_count_sample_only(&t->bin[cls])))
       p = _keel_profile_countdown_expired(t, cls, p, n);
   }

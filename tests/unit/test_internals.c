@@ -935,12 +935,16 @@ static void test_borrow(void) {
   {
     static uintptr_t heads[KEEL_NUM_CLASSES];
     for (unsigned c = 0; c < KEEL_NUM_CLASSES; c++) heads[c] = keel_head_of(NULL);
-    CHECK(_keel_central_lender_in(heads, mine) == 0);
+    CHECK(_keel_central_lender_in(heads, mine, 1500) == 0);
     heads[lender] = keel_head_of(b[0]);
-    CHECK(_keel_central_lender_in(heads, mine) == lender);
-    CHECK(_keel_central_lender_in(heads, keel_size_class(900)) == 0); /* more than twice */
+    CHECK(_keel_central_lender_in(heads, mine, 1500) == lender);
+    CHECK(_keel_central_lender_in(heads, keel_size_class(900), 900) == 0); /* more than twice */
+    /* At most twice the request, whatever its class's size: 2,048 bytes for 1,024 but
+     * not for 1,020. */
+    CHECK(_keel_central_lender_in(heads, mine, 1020) == 0);
+    CHECK(_keel_central_lender_in(heads, mine, 1024) == lender);
     __atomic_store_n(&lcl->take_tick, now, __ATOMIC_RELAXED); /* taking, few holes */
-    CHECK(_keel_central_lender_in(heads, mine) == 0);
+    CHECK(_keel_central_lender_in(heads, mine, 1500) == 0);
     __atomic_store_n(&lcl->take_tick, now - 2 * IDLE, __ATOMIC_RELAXED);
   }
   /* Under meshing the holes are left to the mesher. */
@@ -950,7 +954,7 @@ static void test_borrow(void) {
     static uintptr_t heads[KEEL_NUM_CLASSES];
     for (unsigned c = 0; c < KEEL_NUM_CLASSES; c++) heads[c] = keel_head_of(NULL);
     heads[lender] = keel_head_of(b[0]);
-    CHECK(_keel_central_lender_in(heads, mine) == 0);
+    CHECK(_keel_central_lender_in(heads, mine, 1500) == 0);
   }
   void* meshing = malloc(1500);
   __atomic_store_n(&_keel_options.mesh, KEEL_MESH_OFF, __ATOMIC_RELAXED);
