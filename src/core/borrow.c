@@ -5,8 +5,8 @@
  * of them: it runs only when a class would otherwise take a new slab, and it reaches
  * into the lists through slab.h alone. Its searches are in the hot code window: a
  * growing process runs them once the purger has started, whether or not it finds a
- * hole. So is the free of a block in a slab that lends carved holes: every block of such
- * a slab, its own too, comes through it. */
+ * hole. So are the frees and sizes of blocks in slabs that lend carved holes: every
+ * block of such a slab, its own too, comes through them. */
 #include "core/slab.h"
 
 /* ---- borrowing -----------------------------------------------------------------------
@@ -373,7 +373,7 @@ unsigned _keel_central_carved_free(void* p, const char* call) {
   return 0;
 }
 
-KEEL_COLD size_t _keel_central_carved_size(const void* p, const char* call) {
+size_t _keel_central_carved_size(const void* p, const char* call) {
   unsigned lender;
   keel_carve_t* d = carved_hole_of(p, &lender);
   if (d == NULL) return _keel_classes[lender].size;

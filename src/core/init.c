@@ -152,7 +152,10 @@ static uint64_t tick_ms(void) {
   return tick < 10 ? 10 : tick > 250 ? 250 : tick;
 }
 
-uint64_t _keel_delay_ticks(void) { return keel_opt(purge_delay_ms) / tick_ms() + 1; }
+/* Ticks that cover ms, rounded up. */
+static uint64_t ticks_for(uint64_t ms) { return ms / tick_ms() + 1; }
+
+uint64_t _keel_delay_ticks(void) { return ticks_for(keel_opt(purge_delay_ms)); }
 
 /* Rung by a thread that ends while the process shrinks (tcache.c): the purger returns
  * the free memory at once, one pass for a burst of such ends, where each ending thread
@@ -187,7 +190,7 @@ static void* purger_main(void* arg) {
      * slabs can be released and purged. */
     if (keel_opt(background_purge)) {
       _keel_tcache_release_spares(_keel_delay_ticks());
-      if (keel_opt(tcache_idle_ms) != 0) _keel_tcache_take_back_idle(keel_opt(tcache_idle_ms) / tick_ms() + 1);
+      if (keel_opt(tcache_idle_ms) != 0) _keel_tcache_take_back_idle(ticks_for(keel_opt(tcache_idle_ms)));
       _keel_central_decay(_keel_delay_ticks());
       if (_keel_pageheap_dirty_bytes() != 0) _keel_pageheap_maybe_purge();
       if (_keel_huge_cache_pending()) _keel_huge_purge(false);
