@@ -135,8 +135,8 @@ void _keel_central_give_slabs(unsigned cls, void* list) KEEL_INTERNAL;
 #define KEEL_BORROW_FREE_SHARE 8 /* a class lends while 1/this of its slabs' blocks are free */
 void* _keel_central_borrow(unsigned cls, size_t n) KEEL_INTERNAL;
 /* A larger class that may lend to cls for a request of n bytes and whose entry in heads
- * (a thread cache's bin heads) holds a free block; 0 if none. Not counted in _keel_central_borrowed_blocks,
- * which counts blocks lent from slabs. */
+ * (a thread cache's bin heads) holds a free block; 0 if none. Not counted in
+ * _keel_central_borrowed_blocks, which counts blocks lent from slabs. */
 unsigned _keel_central_lender_in(const uintptr_t* heads, unsigned cls, size_t n) KEEL_INTERNAL;
 /* A block of class cls carved out of a free block of a class 4-64 times its size
  * (borrow.c, "carving"); NULL if none. Never through a bin. */

@@ -123,6 +123,8 @@ extern uintptr_t _keel_free_key KEEL_INTERNAL;
 /* Thread caches in use, or kept with their blocks for the next thread (tcache.c). */
 extern uint64_t _keel_live_caches KEEL_INTERNAL;
 
+/* borrow_for: the request's size where its block may be of a larger class (borrow.c),
+ * else 0. */
 void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, size_t borrow_for) KEEL_INTERNAL;
 void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) KEEL_INTERNAL;
 void _keel_tcache_flush(keel_tcache_t* t) KEEL_INTERNAL;
