@@ -15,9 +15,9 @@
  * only by requests of that class: the pages stay resident for the few live blocks
  * each still holds, while the smaller values take new slabs. glibc's best-fit heap
  * reuses such holes for any smaller size. When a class would have to take a new slab,
- * it may instead borrow one free block of a larger class (at most twice the request) whose
- * own requests will not want the hole soon (can_lend), from pages that already hold
- * blocks in use: memory the process holds anyway, where a new slab would add pages.
+ * it may instead borrow one free block of a larger class (at most twice the request)
+ * whose own requests will not want the hole soon (can_lend), from pages that already
+ * hold blocks in use: memory the process holds anyway, where a new slab would add pages.
  * The block keeps its own class for life (malloc_usable_size says so, and its free
  * goes to that class's bin), and is handed out on its own, never through the borrowing
  * class's bin (a bin holds one class): a class that borrows takes its slow path on each
@@ -108,11 +108,11 @@ unsigned _keel_central_lender_in(const uintptr_t* heads, unsigned cls, size_t n)
 }
 
 /* ---- carving ------------------------------------------------------------------------
- * Borrowing lends a whole block of at most twice the request. A much smaller class would
- * waste most of such a block, so it carves one instead: a hole of a class 4 to 64 times
- * its size (on pages that hold blocks in use, as for borrowing) becomes a row of its own
- * blocks behind a 32-byte header, and goes back to its class when the last of them is
- * freed. glibc's heap does the same by splitting a free chunk: Redis overwriting
+ * Borrowing lends a whole block of at most twice the request. A much smaller class
+ * would waste most of such a block, so it carves one instead: a hole of a class 4 to 64
+ * times its size (on pages that hold blocks in use, as for borrowing) becomes a row of
+ * its own blocks behind a 32-byte header, and goes back to its class when the last of
+ * them is freed. glibc's heap does the same by splitting a free chunk: Redis overwriting
  * 700-byte values with 16-byte ones keeps its RSS there, where a heap of size classes
  * takes new slabs. The lender's slab marks the hole in a second bitmap (the words after
  * its free bitmap, in the same row of the chunk header; s->carved counts the holes) and

@@ -152,7 +152,7 @@ static uint64_t tick_ms(void) {
   return tick < 10 ? 10 : tick > 250 ? 250 : tick;
 }
 
-/* Ticks that cover ms, rounded up. */
+/* Purger ticks that span at least ms. */
 static uint64_t ticks_for(uint64_t ms) { return ms / tick_ms() + 1; }
 
 uint64_t _keel_delay_ticks(void) { return ticks_for(keel_opt(purge_delay_ms)); }
