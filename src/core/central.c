@@ -679,6 +679,7 @@ static KEEL_NOINLINE void slab_put_bits(keel_central_t* cl, unsigned cls, keel_s
     }
   }
   if (!s->in_partial) partial_push(cl, s);
+  if (keel_class_big(k)) _keel_slab_trim_on_free(cls, s);
 }
 
 /* What a caller holds of a class, let go before a misuse is reported: nothing, one

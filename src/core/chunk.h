@@ -32,7 +32,11 @@ typedef struct keel_slab_s {
   uint8_t ready;     /* slab: bitmap words written so far (at most 63); the rest are wholly free */
   uint8_t home;      /* slab: the transfer line whose partial list holds it (central.c) */
   uint32_t put_tick; /* slab: purger tick when a block last came back */
-  uint32_t busy_trim_tick; /* slab: first tick it may be trimmed while blocks come back */
+  union {
+    uint32_t busy_trim_tick; /* slab: first tick it may be trimmed while blocks come back */
+    uint32_t free_trim_ms;   /* slab of big blocks (trimmed every tick): when a free last
+                              * trimmed it (ms clock, low bits) */
+  };
   union {
     uint64_t size;   /* large: usable size; free head: ms timestamp when freed */
     uint64_t row;    /* slab: 1 + its row of the chunk's free_rest, 0 while it has none */

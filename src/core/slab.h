@@ -59,5 +59,14 @@ bool _keel_slab_page_free(const keel_slab_t* s, const keel_class_t* k, size_t of
  * still holds live blocks) just came back; purges the pages they leave free, if s may be
  * purged. */
 void _keel_slab_purge_freed(const keel_class_t* k, keel_slab_t* s, unsigned w, uint64_t mask) KEEL_INTERNAL;
+/* Blocks of this many OS pages and more are big: a free one leaves at least three pages
+ * to give back whatever its neighbours hold. */
+#define KEEL_BIG_BLOCK_PAGES 4
+static inline bool keel_class_big(const keel_class_t* k) {
+  return k->size >= KEEL_BIG_BLOCK_PAGES * _keel_page_size;
+}
+/* Lock held: a block came back to slab s of a big class; trims s if no free has for a
+ * few milliseconds. */
+void _keel_slab_trim_on_free(unsigned cls, keel_slab_t* s) KEEL_INTERNAL;
 
 #endif /* KEEL_SLAB_H */

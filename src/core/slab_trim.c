@@ -144,9 +144,6 @@ size_t _keel_central_purge_all(uint32_t max_trims) {
  * see _keel_cold_ticks, or one of big blocks): each costs a few madvise calls under the
  * class's lock, so this bounds the lock hold. */
 #define BUSY_TRIM_SLABS 256
-/* Blocks of this many OS pages and more are big: a free one leaves at least three pages
- * to give back whatever its neighbours hold. */
-#define BIG_BLOCK_PAGES 4
 
 __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ticks) {
   uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
@@ -171,7 +168,7 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
      * pages and more) is trimmed every tick while blocks come back: under a steady load
      * its slabs are never quiet, and each class's free blocks above what its threads
      * hold at once stayed resident (docs/design.md, "Giving memory back"). */
-    bool big = _keel_classes[cls].size >= BIG_BLOCK_PAGES * _keel_page_size;
+    bool big = keel_class_big(&_keel_classes[cls]);
     bool busy_ok = big || now - __atomic_load_n(&cl->take_tick, __ATOMIC_RELAXED) >= cold;
     unsigned busy_budget = BUSY_TRIM_SLABS;
     for (int sampled = 0; sampled < 2; sampled++)
@@ -179,16 +176,28 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
            s = _keel_partial_next(cl, s)) {
         if (!trim || !s->needs_trim) continue;
         bool quiet = now - s->put_tick >= idle_ticks;
-        if (!quiet && (!busy_ok || busy_budget == 0 || (int32_t)(now - s->busy_trim_tick) < 0)) continue;
+        if (!quiet && (!busy_ok || busy_budget == 0 || (!big && (int32_t)(now - s->busy_trim_tick) < 0))) continue;
         if (!trim_allowed(cls, s)) continue;
         if (!quiet) {
           busy_budget--;
-          s->busy_trim_tick = now + (big ? 1u : (uint32_t)idle_ticks);
+          if (!big) s->busy_trim_tick = now + (uint32_t)idle_ticks;
         }
         trim_slab(cls, s);
       }
     _keel_central_unlock_class(cl);
   }
+}
+
+/* The tick alone left a big class's free blocks above what its threads held at once
+ * resident for most of a tick (a quarter of the purge delay); so a free also trims its
+ * slab, at most once per BIG_TRIM_MS, which bounds the madvise calls and refaults a
+ * thread that takes and frees one big block in a loop pays. */
+#define BIG_TRIM_MS 16
+void _keel_slab_trim_on_free(unsigned cls, keel_slab_t* s) {
+  uint32_t now = (uint32_t)_keel_prim_clock_ms();
+  if (!s->needs_trim || now - s->free_trim_ms < BIG_TRIM_MS) return;
+  s->free_trim_ms = now;
+  if (_keel_thp_purge_granule() <= _keel_page_size && trim_allowed(cls, s)) trim_slab(cls, s);
 }
 
 uint64_t _keel_central_trimmed_bytes(void) { return __atomic_load_n(&trimmed_bytes, __ATOMIC_RELAXED); }

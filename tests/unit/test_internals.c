@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "core/slab.h"
 #include "child_report.h"
 #include "test.h"
 
@@ -816,6 +817,50 @@ static void test_busy_trim_big(void) {
   _keel_options.background_purge = true;
 }
 
+/* A free into a slab of big blocks also trims it, unless a free did so within the last
+ * 16 ms: the purger's tick alone left a busy class's free blocks resident for most of a
+ * tick, and the pacing keeps a loop that takes and frees one block from paying a
+ * madvise and its refaults each time. */
+static void test_free_trims_big(void) {
+  TEST_SECTION("a free trims its slab of big blocks, at most once per 16 ms");
+  _keel_options.background_purge = false; /* only the frees under test may trim */
+  unsigned cls = keel_size_class(65536);
+  const keel_class_t* k = &_keel_classes[cls];
+  keel_central_t* cl = _keel_central_activate(cls);
+  enum { N = 4 };
+  static void* b[N];
+  uint64_t out_before = _keel_central_out(cl);
+  take_touched(cls, b, N);
+  keel_slab_t* s = keel_span_head(keel_chunk_of(b[1]), keel_unit_index(b[1]));
+  /* b[1] and b[2] of this class's slab s, which stays partly used (not released) */
+  bool own = class_of_block(b[1]) == cls && s->used > 2 &&
+             keel_span_head(keel_chunk_of(b[2]), keel_unit_index(b[2])) == s;
+  s->free_trim_ms = (uint32_t)_keel_prim_clock_ms() - 1000u;
+  uint64_t before = _keel_central_trimmed_bytes();
+  keel_link_set(b[1], NULL);
+  _keel_central_give_slabs(class_of_block(b[1]), b[1]);
+  uint64_t trimmed = _keel_central_trimmed_bytes() - before;
+  if (own && keel_class_big(k))
+    CHECK_MSG(trimmed >= k->size, "a free trimmed %llu bytes", (unsigned long long)trimmed);
+  else if (own)
+    CHECK(trimmed == 0); /* 64 KiB pages: these blocks are not big */
+  /* A second free right after: paced, unless the clock passed 16 ms meanwhile. */
+  uint32_t first = s->free_trim_ms;
+  before = _keel_central_trimmed_bytes();
+  keel_link_set(b[2], NULL);
+  _keel_central_give_slabs(class_of_block(b[2]), b[2]);
+  trimmed = _keel_central_trimmed_bytes() - before;
+  if (own && (uint32_t)_keel_prim_clock_ms() - first < 16u)
+    CHECK_MSG(trimmed == 0, "a second free within 16 ms trimmed %llu bytes", (unsigned long long)trimmed);
+  for (int i = 0; i < N; i++)
+    if (i != 1 && i != 2) {
+      keel_link_set(b[i], NULL);
+      _keel_central_give_slabs(class_of_block(b[i]), b[i]);
+    }
+  CHECK(_keel_central_out(cl) == out_before);
+  _keel_options.background_purge = true;
+}
+
 /* keel_purge() and a fork give back now what the purger would give back later: the
  * blocks in this thread's cache, and the free pages of partly used slabs (a forked
  * child keeps every page it inherits). */
@@ -1328,6 +1373,7 @@ int main(void) {
   test_uncached_class();
   test_busy_trim();
   test_busy_trim_big();
+  test_free_trims_big();
   test_purge_now();
   test_borrow();
   test_carve();
