@@ -65,8 +65,8 @@ void _keel_slab_purge_freed(const keel_class_t* k, keel_slab_t* s, unsigned w, u
 static inline bool keel_class_big(const keel_class_t* k) {
   return k->size >= KEEL_BIG_BLOCK_PAGES * _keel_page_size;
 }
-/* Lock held: a block came back to slab s of a big class; trims s if no free has for a
- * few milliseconds. */
+/* Lock held: a block came back to slab s of a big class; trims s unless a free did in
+ * the last 16 ms. */
 void _keel_slab_trim_on_free(unsigned cls, keel_slab_t* s) KEEL_INTERNAL;
 
 #endif /* KEEL_SLAB_H */

@@ -5,9 +5,10 @@
  * deletes most of a heap's memory sits in slabs that still hold a few live blocks: the
  * pages of those slabs that hold free blocks only are purged here - on the purger's
  * timer once no block has come back to the slab for the purge delay (every tick for big
- * blocks), by the free that empties them in a class gone cold, and at once for
- * keel_purge and fork. Its own file because none of it is on a take or a put of a batch
- * (central.c): it runs on the purger's thread, or on a put's cold branch. */
+ * blocks, and by their frees every 16 ms), by the free that empties them in a class gone
+ * cold, and at once for keel_purge and fork. Its own file because none of it is on a
+ * take or a put of a batch (central.c): it runs on the purger's thread, or on a put's
+ * cold branch or a big block's. */
 #include "core/slab.h"
 
 static uint64_t trimmed_bytes; /* returned to the OS from inside partly used slabs */

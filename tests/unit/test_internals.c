@@ -774,6 +774,12 @@ static unsigned class_of_block(void* p) { /* a borrowed block is its lender's */
   return keel_span_head(keel_chunk_of(p), keel_unit_index(p))->cls;
 }
 
+/* Block p straight back to its slab, not parked in the transfer cache. */
+static void give_to_slab(void* p) {
+  keel_link_set(p, NULL);
+  _keel_central_give_slabs(class_of_block(p), p);
+}
+
 static void test_busy_trim_big(void) {
   TEST_SECTION("pages of big blocks purged while their class keeps taking");
   _keel_options.background_purge = false; /* the purger thread must not decay meanwhile */
@@ -783,15 +789,14 @@ static void test_busy_trim_big(void) {
   enum { N = 64, IDLE = 1000 };
   static void* b[N];
   uint64_t out_before = _keel_central_out(cl);
-  bool big = k->size >= 4 * _keel_page_size; /* not at 64 KiB pages */
+  bool big = keel_class_big(k); /* not at 64 KiB pages */
   take_touched(cls, b, N);
   uint64_t before = _keel_central_trimmed_bytes();
   unsigned own = 0;
   for (int i = 0; i < N; i++) /* three blocks in four come back */
     if (i % 4) {
       own += class_of_block(b[i]) == cls;
-      keel_link_set(b[i], NULL);
-      _keel_central_give_slabs(class_of_block(b[i]), b[i]); /* to the slabs, not parked */
+      give_to_slab(b[i]);
     }
   uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
   uint64_t free_bytes = 0; /* in slabs that keep live blocks (a slab left empty goes) */
@@ -809,10 +814,7 @@ static void test_busy_trim_big(void) {
               (unsigned long long)free_bytes, own);
   else
     CHECK(trimmed == 0);
-  for (int i = 0; i < N; i += 4) {
-    keel_link_set(b[i], NULL);
-    _keel_central_give_slabs(class_of_block(b[i]), b[i]);
-  }
+  for (int i = 0; i < N; i += 4) give_to_slab(b[i]);
   CHECK(_keel_central_out(cl) == out_before);
   _keel_options.background_purge = true;
 }
@@ -837,8 +839,7 @@ static void test_free_trims_big(void) {
              keel_span_head(keel_chunk_of(b[2]), keel_unit_index(b[2])) == s;
   s->free_trim_ms = (uint32_t)_keel_prim_clock_ms() - 1000u;
   uint64_t before = _keel_central_trimmed_bytes();
-  keel_link_set(b[1], NULL);
-  _keel_central_give_slabs(class_of_block(b[1]), b[1]);
+  give_to_slab(b[1]);
   uint64_t trimmed = _keel_central_trimmed_bytes() - before;
   if (own && keel_class_big(k))
     CHECK_MSG(trimmed >= k->size, "a free trimmed %llu bytes", (unsigned long long)trimmed);
@@ -847,16 +848,12 @@ static void test_free_trims_big(void) {
   /* A second free right after: paced, unless the clock passed 16 ms meanwhile. */
   uint32_t first = s->free_trim_ms;
   before = _keel_central_trimmed_bytes();
-  keel_link_set(b[2], NULL);
-  _keel_central_give_slabs(class_of_block(b[2]), b[2]);
+  give_to_slab(b[2]);
   trimmed = _keel_central_trimmed_bytes() - before;
   if (own && (uint32_t)_keel_prim_clock_ms() - first < 16u)
     CHECK_MSG(trimmed == 0, "a second free within 16 ms trimmed %llu bytes", (unsigned long long)trimmed);
   for (int i = 0; i < N; i++)
-    if (i != 1 && i != 2) {
-      keel_link_set(b[i], NULL);
-      _keel_central_give_slabs(class_of_block(b[i]), b[i]);
-    }
+    if (i != 1 && i != 2) give_to_slab(b[i]);
   CHECK(_keel_central_out(cl) == out_before);
   _keel_options.background_purge = true;
 }
