@@ -64,8 +64,13 @@ static void purge_pages_of_block(const keel_class_t* k, keel_slab_t* s, size_t i
   purge_run(s, from, len);
 }
 
+/* KEEL_THP=always: a slab (at most 1 MiB) never holds a whole huge page, so trimming
+ * its pages would only split the huge page around it. The slabs keep needs_trim and
+ * are trimmed if the policy changes back. */
+static bool pages_trimmable(void) { return _keel_thp_purge_granule() <= _keel_page_size; }
+
 static bool purge_allowed(keel_slab_t* s) {
-  return !s->meshed && _keel_thp_purge_granule() <= _keel_page_size &&
+  return !s->meshed && pages_trimmable() &&
          !_keel_pageheap_promoted(slab_base(keel_chunk_of(s), s), s->units);
 }
 
@@ -117,7 +122,7 @@ static bool trim_allowed(unsigned cls, keel_slab_t* s) {
 
 size_t _keel_central_purge_all(uint32_t max_trims) {
   uint64_t before = __atomic_load_n(&trimmed_bytes, __ATOMIC_RELAXED);
-  bool trim = _keel_thp_purge_granule() <= _keel_page_size; /* as in _keel_central_decay */
+  bool trim = pages_trimmable();
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     if (!_keel_central_active(cls)) continue;
     keel_central_t* cl = keel_central_of(cls);
@@ -150,10 +155,7 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
   uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
   uint32_t cold = idle_ticks / 2 < 2 ? 2 : (uint32_t)(idle_ticks / 2);
   __atomic_store_n(&_keel_cold_ticks, cold, __ATOMIC_RELAXED);
-  /* KEEL_THP=always: a slab (at most 1 MiB) never holds a whole huge page, so trimming
-   * its pages would only split the huge page around it. The slabs keep needs_trim and
-   * are trimmed if the policy changes back. */
-  bool trim = _keel_thp_purge_granule() <= _keel_page_size;
+  bool trim = pages_trimmable();
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
     keel_central_t* cl = keel_central_of(cls);
     if (!_keel_central_active(cls)) continue;
@@ -196,9 +198,9 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
 #define BIG_TRIM_MS 16
 void _keel_slab_trim_on_free(unsigned cls, keel_slab_t* s) {
   uint32_t now = (uint32_t)_keel_prim_clock_ms();
-  if (!s->needs_trim || now - s->free_trim_ms < BIG_TRIM_MS) return;
+  if (now - s->free_trim_ms < BIG_TRIM_MS) return; /* (the put has just set needs_trim) */
   s->free_trim_ms = now;
-  if (_keel_thp_purge_granule() <= _keel_page_size && trim_allowed(cls, s)) trim_slab(cls, s);
+  if (pages_trimmable() && trim_allowed(cls, s)) trim_slab(cls, s);
 }
 
 uint64_t _keel_central_trimmed_bytes(void) { return __atomic_load_n(&trimmed_bytes, __ATOMIC_RELAXED); }
