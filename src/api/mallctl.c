@@ -17,6 +17,7 @@
 #define JE_TCACHE_IDS 4093u                  /* explicit cache ids that fit in the flag bits */
 
 uint64_t _keel_large_live_bytes(void) KEEL_INTERNAL;    /* large.c */
+uint64_t _keel_pageheap_dirty_bytes(void) KEEL_INTERNAL; /* pageheap.c */
 
 /* ---- statistics snapshot --------------------------------------------------------------- */
 /* The snapshot lock is a bounded spin: a process forked while another thread held it

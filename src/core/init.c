@@ -120,6 +120,8 @@ static void fork_child(void) {
  * free: glibc frees thread stacks' TLS under its stack-cache lock, which pthread_create
  * takes too. A caller of malloc may hold the loader's TLS lock, but that one is
  * recursive. */
+uint64_t _keel_pageheap_dirty_bytes(void);
+uint64_t _keel_pageheap_taken_bytes(void);
 uint64_t _keel_huge_taken_bytes(void);
 
 bool _keel_purger_deferred;

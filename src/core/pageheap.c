@@ -19,7 +19,6 @@ static uint64_t clean_free_units; /* free units known to hold no pages */
 static uint64_t taken_units;      /* units ever handed out as spans */
 static uint64_t purged_bytes, purge_runs;
 static uint64_t last_purge_ms;
-static uint64_t window_start_ms, window_low; /* the fewest dirty units since the window began */
 static void* next_hint;
 
 static unsigned longest_run(uint64_t m) {
@@ -69,16 +68,8 @@ static void list_insert(keel_chunk_t* c) {
 }
 
 static size_t purge_locked(bool all, uint64_t now);
-static void count_purged(size_t released) {
-  if (released) {
-    purged_bytes += released;
-    purge_runs++;
-  }
-}
-
 static size_t purge_older(uint64_t delay, bool all, uint64_t now);
 static void purge_to_cap(uint64_t now);
-static void purge_unused_in_window(uint64_t now);
 static void purge_large_over_cap(keel_chunk_t* c, unsigned k, unsigned n);
 
 static keel_chunk_t* chunk_new(void) {
@@ -137,7 +128,6 @@ static bool take_units(keel_chunk_t* c, unsigned k, size_t n) {
   bool clean = (c->dirty_mask & bits) == 0;
   unsigned dirty = (unsigned)__builtin_popcountll(c->dirty_mask & bits);
   dirty_units -= dirty;
-  if (dirty_units < window_low) window_low = dirty_units;
   clean_free_units -= n - dirty;
   c->free_mask &= ~bits;
   c->dirty_mask &= ~bits;
@@ -203,7 +193,6 @@ void _keel_pageheap_free(keel_slab_t* head) {
   if (large) purge_large_over_cap(c, k, n);
   if (now - last_purge_ms >= keel_opt(purge_delay_ms) / 2 + 1) purge_locked(false, now);
   else purge_to_cap(now);
-  purge_unused_in_window(now);
   keel_unlock(&heap_lock);
 }
 
@@ -277,7 +266,6 @@ void _keel_pageheap_make_dirty(keel_chunk_t* c, uint64_t bits) {
 /* Gives back dirty free units freed at least the purge delay ago (all of them if
  * `all`), and unmaps chunks left wholly free and clean. Returns bytes released. */
 static size_t purge_locked(bool all, uint64_t now) {
-  last_purge_ms = now;
   return purge_older(keel_opt(purge_delay_ms), all, now);
 }
 
@@ -305,42 +293,18 @@ static void purge_to_cap(uint64_t now) {
  * (never parts of a huge page: KEEL_THP=always and dense give those back whole). */
 static void purge_large_over_cap(keel_chunk_t* c, unsigned k, unsigned n) {
   if (!over_cap() || _keel_thp_purge_granule() > KEEL_UNIT_SIZE || (c->promoted_mask & UNIT_BITS(k, n))) return;
-  count_purged(_keel_pageheap_purge_units(c, k, n));
+  size_t released = _keel_pageheap_purge_units(c, k, n);
+  if (released) {
+    purged_bytes += released;
+    purge_runs++;
+  }
 }
 
-/* Gives back the units `due` of c (dirty and free), as the THP mode allows, and c
- * itself once it is wholly free and clean. Returns whether c went. Lock held. */
-static bool purge_due(keel_chunk_t* c, uint64_t due, bool all, size_t granule, size_t* released) {
-  if (granule) { /* KEEL_THP=always */
-    *released += _keel_thp_purge_whole_huge_pages(c, due, granule, all);
-    return false;
-  }
-  if (c->promoted_mask) { /* KEEL_THP=dense: collapsed huge pages go back whole */
-    bool gone = false;
-    *released += _keel_thp_purge_promoted(c, due, all, &gone);
-    if (gone) return true;
-    due &= c->dirty_mask & ~c->promoted_mask;
-  }
-  while (due) { /* purge each run of due units with one call */
-    unsigned k = (unsigned)__builtin_ctzll(due);
-    uint64_t rest = ~(due >> k); /* 0 when every unit from k up is due */
-    unsigned n = rest ? (unsigned)__builtin_ctzll(rest) : 64 - k;
-    *released += _keel_pageheap_purge_units(c, k, n);
-    due &= ~UNIT_BITS(k, n);
-  }
-  return _keel_pageheap_release_if_free(c, 0, all, released);
-}
-
-/* A huge page's granule when units are parts of huge pages (KEEL_THP=always), else 0. */
-static size_t purge_granule(void) {
+static size_t purge_older(uint64_t delay, bool all, uint64_t now) {
+  size_t released = 0;
+  last_purge_ms = now;
   size_t granule = _keel_thp_purge_granule();
-  return granule <= KEEL_UNIT_SIZE ? 0 : granule;
-}
-
-/* Gives back the dirty free units freed at least `age` ms ago (all of them if `all`),
- * and up to `extra` more freed at least `extra_age` ms ago. */
-static size_t purge_walk(uint64_t age, uint64_t extra_age, uint64_t extra, bool all, uint64_t now) {
-  size_t released = 0, granule = purge_granule();
+  if (granule <= KEEL_UNIT_SIZE) granule = 0; /* a unit is whole huge pages */
   for (unsigned r = 0; r < KEEL_CHUNK_UNITS; r++) {
     keel_chunk_t* next;
     for (keel_chunk_t* c = by_run[r]; c != NULL; c = next) {
@@ -348,47 +312,33 @@ static size_t purge_walk(uint64_t age, uint64_t extra_age, uint64_t extra, bool 
       uint64_t due = 0;
       for (uint64_t d = c->dirty_mask; d; d &= d - 1) {
         unsigned u = (unsigned)__builtin_ctzll(d);
-        uint64_t freed = now - c->units[u].size;
-        if (all || freed >= age || (extra > 0 && freed >= extra_age && extra--)) due |= (uint64_t)1 << u;
+        if (all || now - c->units[u].size >= delay) due |= (uint64_t)1 << u;
       }
-      purge_due(c, due, all, granule, &released);
+      if (granule) { /* KEEL_THP=always */
+        released += _keel_thp_purge_whole_huge_pages(c, due, granule, all);
+        continue;
+      }
+      if (c->promoted_mask) { /* KEEL_THP=dense: collapsed huge pages go back whole */
+        bool gone = false;
+        released += _keel_thp_purge_promoted(c, due, all, &gone);
+        if (gone) continue;
+        due &= c->dirty_mask & ~c->promoted_mask;
+      }
+      while (due) { /* purge each run of due units with one call */
+        unsigned k = (unsigned)__builtin_ctzll(due);
+        uint64_t rest = ~(due >> k); /* 0 when every unit from k up is due */
+        unsigned n = rest ? (unsigned)__builtin_ctzll(rest) : 64 - k;
+        released += _keel_pageheap_purge_units(c, k, n);
+        due &= ~UNIT_BITS(k, n);
+      }
+      _keel_pageheap_release_if_free(c, 0, all, &released); /* once clean */
     }
   }
-  count_purged(released);
-  return released;
-}
-
-static size_t purge_older(uint64_t delay, bool all, uint64_t now) { return purge_walk(delay, 0, 0, all, now); }
-
-/* Dirty free units that no span took during a whole window (an eighth of the purge
- * delay) were not needed in it: as many as the fewest seen dirty during the window are
- * given back at its end, the longest-free first (by powers of two of the time since
- * their free). Memory that is reused keeps cycling through the dirty units and their
- * count dips, so churn pays no faults for this; the surplus a burst leaves goes within
- * a window or two instead of the whole delay (docs/design.md, "Giving memory back").
- * Heap lock held. */
-#define WINDOW_SHARE 8
-#define AGE_BITS 40
-static void purge_unused_in_window(uint64_t now) {
-  uint64_t window = keel_opt(purge_delay_ms) / WINDOW_SHARE;
-  if (window == 0 || now - window_start_ms < window) return;
-  uint64_t n = window_low < dirty_units ? window_low : dirty_units;
-  window_start_ms = now;
-  if (n > 0) {
-    uint64_t count[AGE_BITS + 1] = {0}; /* [b]: units freed 2^(b-1) to 2^b ms ago */
-    for (unsigned r = 0; r < KEEL_CHUNK_UNITS; r++)
-      for (keel_chunk_t* c = by_run[r]; c != NULL; c = c->next)
-        for (uint64_t d = c->dirty_mask; d; d &= d - 1) {
-          uint64_t freed = now - c->units[__builtin_ctzll(d)].size;
-          unsigned b = freed ? 64 - (unsigned)__builtin_clzll(freed) : 0;
-          count[b < AGE_BITS ? b : AGE_BITS]++;
-        }
-    unsigned cut = AGE_BITS;
-    uint64_t above = 0;
-    while (cut > 0 && above + count[cut] < n) above += count[cut--];
-    purge_walk((uint64_t)1 << cut, cut ? (uint64_t)1 << (cut - 1) : 0, n - above, false, now);
+  if (released) {
+    purged_bytes += released;
+    purge_runs++;
   }
-  window_low = dirty_units;
+  return released;
 }
 
 size_t _keel_pageheap_purge(bool all) {
@@ -402,9 +352,10 @@ size_t _keel_pageheap_purge(bool all) {
 __attribute__((no_sanitize("thread"))) void _keel_pageheap_maybe_purge(void) {
   uint64_t now = _keel_prim_clock_ms();
   if (__atomic_load_n(&dirty_units, __ATOMIC_RELAXED) == 0) return;
+  if (now - __atomic_load_n(&last_purge_ms, __ATOMIC_RELAXED) < keel_opt(purge_delay_ms) / 4)
+    return;
   keel_lock(&heap_lock);
-  if (now - last_purge_ms >= keel_opt(purge_delay_ms) / 4) purge_locked(false, now);
-  purge_unused_in_window(now);
+  purge_locked(false, now);
   keel_unlock(&heap_lock);
 }
 

@@ -19,8 +19,6 @@ bool _keel_pageheap_grow_in_place(keel_slab_t* head, size_t units) KEEL_INTERNAL
 void _keel_pageheap_shrink(keel_slab_t* head, size_t units) KEEL_INTERNAL;
 size_t _keel_pageheap_purge(bool all) KEEL_INTERNAL; /* returns bytes released */
 void _keel_pageheap_maybe_purge(void) KEEL_INTERNAL; /* purge what the delay allows */
-uint64_t _keel_pageheap_dirty_bytes(void) KEEL_INTERNAL; /* free units that may hold pages */
-uint64_t _keel_pageheap_taken_bytes(void) KEEL_INTERNAL; /* ever handed out as spans */
 void _keel_pageheap_lock_all(void) KEEL_INTERNAL;
 void _keel_pageheap_unlock_all(void) KEEL_INTERNAL;
 void _keel_pageheap_reset_locks(void) KEEL_INTERNAL;

@@ -233,47 +233,6 @@ static void test_pageheap(void) {
   CHECK(s.purged_bytes >= 16 * KEEL_UNIT_SIZE);
 }
 
-/* Dirty free units that no span takes during a whole window (an eighth of the purge
- * delay) go back at its end; units that spans keep taking stay. */
-static uint64_t purged_bytes_now(void) {
-  keel_stats_t s = {0};
-  s.size = sizeof s;
-  keel_stats_get(&s);
-  return s.purged_bytes;
-}
-
-static void test_window_purge(void) {
-  TEST_SECTION("free units unused for a whole window are purged; churned ones are not");
-  keel_options_t saved = _keel_options;
-  _keel_options.background_purge = false; /* only the calls under test may purge */
-  _keel_options.purge_delay_ms = 3200;    /* windows of 400 ms */
-  enum { N = 8 };                         /* under the dirty cap (16 units) */
-  bool zeroed;
-  keel_slab_t *x = _keel_pageheap_alloc(1, 1, &zeroed), *y = _keel_pageheap_alloc(1, 1, &zeroed), *s[N];
-  CHECK(x != NULL && y != NULL);
-  _keel_pageheap_purge(true);
-  uint64_t purged = purged_bytes_now(), start = _keel_prim_clock_ms();
-  /* A second of churn, over two windows: every round takes the units back. */
-  while (_keel_prim_clock_ms() - start < 1000) {
-    for (int i = 0; i < N; i++) s[i] = _keel_pageheap_alloc(1, 1, &zeroed);
-    for (int i = 0; i < N; i++)
-      if (s[i]) _keel_pageheap_free(s[i]);
-  }
-  CHECK_MSG(purged_bytes_now() == purged, "churn purged %llu bytes",
-            (unsigned long long)(purged_bytes_now() - purged));
-  CHECK(_keel_pageheap_dirty_bytes() == (uint64_t)N * KEEL_UNIT_SIZE);
-  /* Then nothing takes them: a window later the next free (of x) starts a window with
-   * them all dirty, and the free that ends it (of y) gives back all but y's unit. */
-  usleep(410 * 1000);
-  _keel_pageheap_free(x);
-  usleep(410 * 1000);
-  _keel_pageheap_free(y);
-  CHECK_MSG(_keel_pageheap_dirty_bytes() == KEEL_UNIT_SIZE, "%llu bytes left dirty",
-            (unsigned long long)_keel_pageheap_dirty_bytes());
-  CHECK(purged_bytes_now() - purged >= (uint64_t)N * KEEL_UNIT_SIZE);
-  _keel_options = saved;
-}
-
 static void test_central(void) {
   TEST_SECTION("central lists and slabs");
   unsigned cls = keel_size_class(48);
@@ -1398,7 +1357,6 @@ int main(void) {
   test_size_classes();
   test_pagemap();
   test_pageheap();
-  test_window_purge();
   test_central();
   test_huge_table();
   test_huge_cache_cold();
