@@ -110,13 +110,17 @@ API void* KEEL_FN(pvalloc)(size_t n) {
 
 /* ---- free -------------------------------------------------------------------------- */
 
-/* With the busy flag still set by free's fast path and t the cache it used: its room
- * check may have left the bin at -1, and between the two the purger may have pointed the
- * thread at the empty cache for a moment (tcache.c). free_slow clears the flag. */
-static inline void free_slow_busy(void* p, keel_tcache_t* t, const char* call) {
+/* With the busy flag still set by free's fast path, t the cache it used and room_cls the
+ * page-map entry it read: its room check may have left that bin at -1, and between the
+ * two the purger may have pointed the thread at the empty cache for a moment (tcache.c).
+ * The room goes back to the bin it was taken from, not to the class the page map names
+ * now: another thread may have carved the block's slab meanwhile (borrow.c), and a bin
+ * left at -1 counts a block it does not hold, which a later walk of it runs past.
+ * _keel_free_slow clears the flag. */
+static inline void free_slow_busy(void* p, keel_tcache_t* t, size_t room_cls, const char* call) {
+  if (room_cls >= 1 && room_cls < KEEL_NUM_CLASSES) keel_bin_give_back_room(&t->bin[room_cls]);
   if (p == NULL) return;
   uint8_t kind = keel_pagemap_get(p);
-  if (kind >= 1 && kind < KEEL_NUM_CLASSES) keel_bin_give_back_room(&t->bin[kind]);
   if (KEEL_UNLIKELY(_keel_options.check)) {
     _keel_checked_free(p, call);
     return;
@@ -167,8 +171,8 @@ static inline void free_slow_busy(void* p, keel_tcache_t* t, const char* call) {
   _keel_misuse(call, "invalid pointer", p, ": not allocated by keel", 0);
 }
 
-static KEEL_NOINLINE void free_slow(void* p, keel_tcache_t* t) {
-  free_slow_busy(p, t, "free");
+KEEL_NOINLINE void _keel_free_slow(void* p, keel_tcache_t* t, size_t room_cls) {
+  free_slow_busy(p, t, room_cls, "free");
   keel_tc_leave();
 }
 
@@ -191,7 +195,7 @@ API void KEEL_FN(free)(void* p) {
       return;
     }
   }
-  free_slow(p, t);
+  _keel_free_slow(p, t, cls);
 }
 
 API void KEEL_FN(cfree)(void* p) { KEEL_FN(free)(p); }

@@ -127,6 +127,9 @@ extern uint64_t _keel_live_caches KEEL_INTERNAL;
  * else 0. */
 void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, size_t borrow_for) KEEL_INTERNAL;
 void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) KEEL_INTERNAL;
+/* free()'s slow path (api/malloc.c), with the busy flag set: room_cls is the page-map
+ * entry its fast path read, whose bin's room it may have taken. Clears the flag. */
+void _keel_free_slow(void* p, keel_tcache_t* t, size_t room_cls) KEEL_INTERNAL;
 void _keel_tcache_flush(keel_tcache_t* t) KEEL_INTERNAL;
 /* Spare caches that kept an exited thread's blocks for `min_ticks` purger ticks or more
  * give them back to the slabs (0: all of them). */

@@ -402,6 +402,27 @@ static void test_thread_cache(void) {
   CHECK(!_keel_tcache_contains(t, cls, p));
 }
 
+/* free's fast path takes room from the bin of the class it read in the page map; when
+ * there is none it leaves that bin at -1 and the slow path gives it back. The page map
+ * may name something else by then (another thread carved the block's slab, borrow.c):
+ * the room must still go back to the bin it came from, or the bin counts a block it does
+ * not hold and a later walk of it (a flush, a batch handed back) runs past its end. */
+static void test_free_room_back(void) {
+  TEST_SECTION("free's slow path gives room back to the bin its fast path took it from");
+  for (int i = 0; i < 100; i++) free(malloc(100)); /* a real cache */
+  void* p = malloc(100);
+  unsigned a = keel_size_class(100), b = keel_size_class(300);
+  keel_tcache_t* t = keel_tc_enter();
+  CHECK(t != &_keel_tc_empty && a != b);
+  int16_t kept = t->bin[b].avail;
+  t->bin[b].avail = -1; /* as if the page map had said b and b's bin were full */
+  uint32_t in_a = (uint32_t)(t->bin[a].max - t->bin[a].avail);
+  _keel_free_slow(p, t, b); /* p is a's; clears the busy flag */
+  CHECK_MSG(t->bin[b].avail == 0, "bin %u left at %d", b, t->bin[b].avail);
+  CHECK((uint32_t)(t->bin[a].max - t->bin[a].avail) == in_a + 1 && keel_bin_first(t, a) == p);
+  t->bin[b].avail = kept;
+}
+
 /* Takes blocks of coarse class c straight from its slabs until its group has switched
  * to the fine classes (it spans KEEL_FINE_GROUP_SLABS slabs and has run out), or until
  * `max` blocks; returns how many it took. */
@@ -1362,6 +1383,7 @@ int main(void) {
   test_huge_cache_cold();
   test_options();
   test_thread_cache();
+  test_free_room_back();
   test_half_batches();
   test_batch_index();
   test_transfer_lines();
