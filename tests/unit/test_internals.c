@@ -423,6 +423,32 @@ static void test_free_room_back(void) {
   t->bin[b].avail = kept;
 }
 
+/* A heap-profile sample in a class the caches do not hold (above KEEL_CACHED_MAX): the
+ * block the class's slabs gave goes back to them, not onto the bin, which has no room
+ * and would count it wrong (a later flush walked past the bin's list). */
+static void test_sample_uncached(void) {
+  TEST_SECTION("a profile sample of an uncached class leaves its bin empty");
+  unsigned cls = keel_size_class(40000);
+  void* p = _keel_alloc_direct(cls); /* from the class's own slabs */
+  keel_tcache_t* t = keel_tc_enter();
+  bool uncached = t != &_keel_tc_empty && t->bin[cls].max == 0;
+  CHECK(uncached);
+  bool was = _keel_profiling;
+  uint64_t rate = _keel_options.profile_rate;
+  _keel_profiling = true;
+  _keel_options.profile_rate = 1 << 20;
+  t->bin[cls].countdown_hi = 0; /* this stage is the last: the next expiry samples */
+  void* q = uncached ? _keel_profile_countdown_expired(t, cls, p, 40000) : p;
+  keel_tc_leave();
+  CHECK(q != p); /* the program gets a block of a sampled slab instead */
+  CHECK_MSG(keel_bin_empty(t, cls) && t->bin[cls].avail == t->bin[cls].max,
+            "bin %u: avail %d max %u", cls, t->bin[cls].avail, t->bin[cls].max);
+  free(q);
+  _keel_profiling = was;
+  _keel_options.profile_rate = rate;
+  keel_thread_flush();
+}
+
 /* Takes blocks of coarse class c straight from its slabs until its group has switched
  * to the fine classes (it spans KEEL_FINE_GROUP_SLABS slabs and has run out), or until
  * `max` blocks; returns how many it took. */
@@ -1384,6 +1410,7 @@ int main(void) {
   test_options();
   test_thread_cache();
   test_free_room_back();
+  test_sample_uncached();
   test_half_batches();
   test_batch_index();
   test_transfer_lines();
