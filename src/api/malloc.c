@@ -149,9 +149,7 @@ static inline void free_slow_busy(void* p, keel_tcache_t* t, size_t room_cls, co
     if (((uintptr_t*)p)[1] == _keel_free_key)
       _keel_misuse(call, "double free of pointer", p, NULL, _keel_classes[sampled].size);
     _keel_profile_forget(p);
-    keel_link_set(p, NULL);
-    ((uintptr_t*)p)[1] = _keel_free_key;
-    _keel_central_give(sampled, p, 1);
+    keel_give_one(sampled, p);
     return;
   }
   switch (kind) {

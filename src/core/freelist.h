@@ -32,6 +32,7 @@
 #include <stdint.h>
 
 #include "core/base.h"
+#include "core/central.h"
 #include "core/tcache.h"
 
 #ifndef KEEL_LINK_ENCODING
@@ -154,6 +155,14 @@ static inline void* keel_bin_cut(keel_tcache_t* t, unsigned cls, uint32_t n) {
   t->head[cls] = keel_link_raw_next(last);
   keel_link_set(last, NULL);
   return list;
+}
+
+/* A block freed past the thread caches, one at a time: it ends its list, carries the free
+ * key (so freeing it again is named a double free) and goes back to class cls. */
+static inline void keel_give_one(unsigned cls, void* p) {
+  keel_link_set(p, NULL);
+  ((uintptr_t*)p)[1] = _keel_free_key;
+  _keel_central_give(cls, p, 1);
 }
 
 #endif /* KEEL_FREELIST_H */

@@ -145,17 +145,10 @@ KEEL_HOT void* _keel_profile_countdown_expired(keel_tcache_t* t, unsigned cls, v
   if (keel_pagemap_get(p) != cls) return p;
   void** q = (void**)_keel_central_take_sampled(cls);
   if (q == NULL) return p;
-  /* Put p back on the bin: the program gets the sampled block instead. A class that is
-   * not cached (its bin has no room) gave p from its slabs: it goes back there, or the
-   * bin would hold a block its count does not. */
-  if (t->bin[cls].max != 0) {
-    keel_bin_push(t, cls, p);
-    t->bin[cls].avail--;
-  } else {
-    keel_link_set(p, NULL);
-    ((uintptr_t*)p)[1] = _keel_free_key;
-    _keel_central_give(cls, p, 1);
-  }
+  /* p goes back as a free would put it (the program gets the sampled block instead):
+   * onto the bin it came from, or to its slabs in a class the caches do not hold, whose
+   * bin has no room for it. */
+  _keel_tcache_free_slow(t, p, cls);
   q[1] = NULL;
   record(q, n ? n : 1);
   return q;

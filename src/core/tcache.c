@@ -485,9 +485,7 @@ void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
   if (t == &_keel_tc_empty) t = tcache_or_young();
   if (t != NULL) mark_active(t);
   if (t == NULL || t->bin[cls].max == 0) { /* cacheless, or an uncached class */
-    keel_link_set(p, NULL);
-    ((uintptr_t*)p)[1] = _keel_free_key;
-    _keel_central_give(cls, p, 1);
+    keel_give_one(cls, p);
     return;
   }
   if (t->bin[cls].avail == 0) {

@@ -756,21 +756,38 @@ static void take_touched(unsigned cls, void** b, int n) {
   }
 }
 
+/* A trim test's class: the purger thread stops decaying (only the test's own calls
+ * trim), and b gets n blocks straight from the class's slabs, every byte written;
+ * trim_test_end checks that every block went back and lets the purger go on. */
+typedef struct {
+  keel_central_t* cl;
+  uint64_t out_before;
+} trim_test_t;
+static trim_test_t trim_test_start(unsigned cls, void** b, int n) {
+  _keel_options.background_purge = false;
+  trim_test_t tt = {_keel_central_activate(cls), 0};
+  tt.out_before = _keel_central_out(tt.cl);
+  take_touched(cls, b, n);
+  return tt;
+}
+static void trim_test_end(trim_test_t tt) {
+  CHECK(_keel_central_out(tt.cl) == tt.out_before);
+  _keel_options.background_purge = true;
+}
+
 /* A class that takes nothing from its slabs while blocks keep coming back (a server
  * replacing values by smaller ones) has its wholly free pages purged anyway: by the
  * purger, each slab once per idle period, and from then on by the frees that empty
  * them; a class still taking from its slabs waits until the frees stop. */
 static void test_busy_trim(void) {
   TEST_SECTION("pages of a cold class purged while frees go on");
-  _keel_options.background_purge = false; /* the purger thread must not decay meanwhile */
   unsigned cls = keel_size_class(1000);
   const keel_class_t* k = &_keel_classes[cls];
-  keel_central_t* cl = _keel_central_activate(cls);
   enum { N = 1024, IDLE = 1000 };
   static void* b[N];
-  uint64_t out_before = _keel_central_out(cl);
   bool small_pages = _keel_page_size * 4 <= KEEL_UNIT_SIZE; /* else no page of a slab empties */
-  take_touched(cls, b, N);
+  trim_test_t tt = trim_test_start(cls, b, N);
+  keel_central_t* cl = tt.cl;
   _keel_central_decay(IDLE); /* sets the cold threshold (IDLE / 2 ticks) */
   uint64_t before = _keel_central_trimmed_bytes();
   /* Keep one block in 16: three pages in four hold free blocks only (4 KiB pages). */
@@ -811,8 +828,7 @@ static void test_busy_trim(void) {
       keel_link_set(b[i], NULL);
       _keel_central_give(cls, b[i], 1);
     }
-  CHECK(_keel_central_out(cl) == out_before);
-  _keel_options.background_purge = true;
+  trim_test_end(tt);
 }
 
 /* Slabs of big blocks (four pages and more) are trimmed while their class keeps taking:
@@ -829,15 +845,13 @@ static void give_to_slab(void* p) {
 
 static void test_busy_trim_big(void) {
   TEST_SECTION("pages of big blocks purged while their class keeps taking");
-  _keel_options.background_purge = false; /* the purger thread must not decay meanwhile */
   unsigned cls = keel_size_class(32768);
   const keel_class_t* k = &_keel_classes[cls];
-  keel_central_t* cl = _keel_central_activate(cls);
   enum { N = 64, IDLE = 1000 };
   static void* b[N];
-  uint64_t out_before = _keel_central_out(cl);
   bool big = keel_class_big(k); /* not at 64 KiB pages */
-  take_touched(cls, b, N);
+  trim_test_t tt = trim_test_start(cls, b, N);
+  keel_central_t* cl = tt.cl;
   uint64_t before = _keel_central_trimmed_bytes();
   unsigned own = 0;
   for (int i = 0; i < N; i++) /* three blocks in four come back */
@@ -862,8 +876,7 @@ static void test_busy_trim_big(void) {
   else
     CHECK(trimmed == 0);
   for (int i = 0; i < N; i += 4) give_to_slab(b[i]);
-  CHECK(_keel_central_out(cl) == out_before);
-  _keel_options.background_purge = true;
+  trim_test_end(tt);
 }
 
 /* A free into a slab of big blocks also trims it, unless a free did so within the last
@@ -872,14 +885,11 @@ static void test_busy_trim_big(void) {
  * madvise and its refaults each time. */
 static void test_free_trims_big(void) {
   TEST_SECTION("a free trims its slab of big blocks, at most once per 16 ms");
-  _keel_options.background_purge = false; /* only the frees under test may trim */
   unsigned cls = keel_size_class(65536);
   const keel_class_t* k = &_keel_classes[cls];
-  keel_central_t* cl = _keel_central_activate(cls);
   enum { N = 4 };
   static void* b[N];
-  uint64_t out_before = _keel_central_out(cl);
-  take_touched(cls, b, N);
+  trim_test_t tt = trim_test_start(cls, b, N);
   keel_slab_t* s = keel_span_head(keel_chunk_of(b[1]), keel_unit_index(b[1]));
   /* b[1] and b[2] of this class's slab s, which stays partly used (not released) */
   bool own = class_of_block(b[1]) == cls && s->used > 2 &&
@@ -901,8 +911,7 @@ static void test_free_trims_big(void) {
     CHECK_MSG(trimmed == 0, "a second free within 16 ms trimmed %llu bytes", (unsigned long long)trimmed);
   for (int i = 0; i < N; i++)
     if (i != 1 && i != 2) give_to_slab(b[i]);
-  CHECK(_keel_central_out(cl) == out_before);
-  _keel_options.background_purge = true;
+  trim_test_end(tt);
 }
 
 /* keel_purge() and a fork give back now what the purger would give back later: the
