@@ -39,7 +39,9 @@ void _keel_init(void) {
 /* ---- fork: every lock is taken before fork and released (parent) or reset (child),
  * so the child never inherits a lock held by a thread that does not exist there. The
  * order is the global lock order: registry, meshing pass, central (by class), page
- * heap, huge, page map leaves, metadata, checked mode's quarantine, mesh view table. */
+ * heap, huge, page map leaves, metadata, checked mode's quarantine, mesh view table.
+ * The heap profile's lock comes first: it is taken with no other held and none is
+ * taken under it (a child that inherited it held hung at its first sample). */
 void _keel_pagemap_lock_all(void);
 void _keel_pagemap_unlock_all(void);
 void _keel_pagemap_reset_locks(void);
@@ -62,6 +64,7 @@ static void fork_prepare(void) {
   if (!_keel_ready) return;
   _keel_tcache_thread_flush();
   _keel_purge_now(KEEL_PURGE_TRIMS_BOUNDED);
+  keel_lock(_keel_lock_profile);
   _keel_tcache_lock_all();
   _keel_mesh_lock_all();
   _keel_central_lock_all();
@@ -84,6 +87,7 @@ static void fork_parent(void) {
   _keel_central_unlock_all();
   _keel_mesh_unlock_all();
   _keel_tcache_unlock_all();
+  keel_unlock(_keel_lock_profile);
 }
 
 static _Atomic int background_state; /* 0 not started, 1 starting/running */
@@ -91,6 +95,7 @@ static void defer_purger(void);
 
 static void fork_child(void) {
   if (!_keel_ready) return;
+  keel_lock_reset(_keel_lock_profile);
   _keel_checked_reset_locks();
   _keel_meta_reset_locks();
   _keel_pagemap_reset_locks();

@@ -79,6 +79,38 @@ static void test_helper_stack_after_fork(void) {
   CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the helper's stack is still mapped in the child");
 }
 
+/* A fork while another thread holds the heap profile's lock (recording a sample, writing
+ * a profile): the child must find it free. It inherited it held once, and hung at its
+ * first sample (stress.fork with KEEL_PROFILE_RATE set). */
+static void* hold_profile_lock(void* arg) {
+  keel_lock(_keel_lock_profile);
+  __atomic_store_n((int*)arg, 1, __ATOMIC_RELEASE);
+  _keel_prim_sleep_ms(100);
+  keel_unlock(_keel_lock_profile);
+  return NULL;
+}
+
+static void test_fork_profile_lock(void) {
+  TEST_SECTION("a fork while another thread holds the profile's lock");
+  _keel_init();
+  int held = 0;
+  pthread_t th;
+  CHECK(pthread_create(&th, NULL, hold_profile_lock, &held) == 0);
+  while (!__atomic_load_n(&held, __ATOMIC_ACQUIRE)) _keel_prim_sleep_ms(1);
+  pid_t child = fork();
+  if (child == 0) {
+    alarm(5);
+    keel_lock(_keel_lock_profile);
+    keel_unlock(_keel_lock_profile);
+    _exit(0);
+  }
+  int status = 0;
+  CHECK(child > 0 && waitpid(child, &status, 0) == child);
+  CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child found the profile's lock held (status %#x)",
+            status);
+  pthread_join(th, NULL);
+}
+
 static void test_size_classes(void) {
   TEST_SECTION("size classes");
   _keel_init();
@@ -1436,5 +1468,6 @@ int main(void) {
   test_verify();
   test_stats_api();
   test_lock_stats();
+  test_fork_profile_lock(); /* last: failing, it waits out the child's alarm */
   return test_finish();
 }
