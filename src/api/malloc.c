@@ -149,7 +149,9 @@ static inline void free_slow_busy(void* p, keel_tcache_t* t, size_t room_cls, co
     if (((uintptr_t*)p)[1] == _keel_free_key)
       _keel_misuse(call, "double free of pointer", p, NULL, _keel_classes[sampled].size);
     _keel_profile_forget(p);
-    keel_give_one(sampled, p);
+    /* Straight to the slab: a list of one is a whole or half batch in the 2-32 KiB
+     * classes, and parked in the transfer cache it refilled some bin as a plain block. */
+    _keel_central_give_slabs(sampled, keel_freed_one(p));
     return;
   }
   switch (kind) {

@@ -157,12 +157,12 @@ static inline void* keel_bin_cut(keel_tcache_t* t, unsigned cls, uint32_t n) {
   return list;
 }
 
-/* A block freed past the thread caches, one at a time: it ends its list, carries the free
- * key (so freeing it again is named a double free) and goes back to class cls. */
-static inline void keel_give_one(unsigned cls, void* p) {
+/* A block freed past the thread caches, one at a time: it ends its list and carries the
+ * free key (so freeing it again is named a double free). Returns p, a list of one. */
+static inline void* keel_freed_one(void* p) {
   keel_link_set(p, NULL);
   ((uintptr_t*)p)[1] = _keel_free_key;
-  _keel_central_give(cls, p, 1);
+  return p;
 }
 
 #endif /* KEEL_FREELIST_H */

@@ -179,6 +179,8 @@ static void match_pairs(const uint64_t* masks, uint32_t m, unsigned wc, uint32_t
  * slab's address, leaving reserve_per_slab bytes a slab after them. Returns the number
  * copied (the slab refills come from first), or UINT32_MAX if no scratch memory. */
 static uint32_t copy_bitmaps(unsigned cls, scratch_t* s, size_t reserve_per_slab, uint64_t* slabs) {
+  *slabs = 0;
+  if (!_keel_central_active(cls)) return 0; /* no slabs; its entry is the shared zero one */
   keel_central_t* cl = keel_central_of(cls);
   unsigned words = keel_class_words(&_keel_classes[cls]);
   for (;;) {

@@ -157,8 +157,8 @@ __attribute__((no_sanitize("thread"))) void _keel_central_decay(uint64_t idle_ti
   __atomic_store_n(&_keel_cold_ticks, cold, __ATOMIC_RELAXED);
   bool trim = pages_trimmable();
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
-    keel_central_t* cl = keel_central_of(cls);
     if (!_keel_central_active(cls)) continue;
+    keel_central_t* cl = keel_central_of(cls); /* after: before, it may be the zero entry */
     bool parked = _keel_transfer_any(cls);
     if (!parked && __atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) == 0 &&
         __atomic_load_n(&cl->sampled_partial, __ATOMIC_RELAXED) == NULL)

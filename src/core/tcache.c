@@ -485,7 +485,7 @@ void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
   if (t == &_keel_tc_empty) t = tcache_or_young();
   if (t != NULL) mark_active(t);
   if (t == NULL || t->bin[cls].max == 0) { /* cacheless, or an uncached class */
-    keel_give_one(cls, p);
+    _keel_central_give(cls, keel_freed_one(p), 1);
     return;
   }
   if (t->bin[cls].avail == 0) {

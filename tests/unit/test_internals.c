@@ -481,6 +481,54 @@ static void test_sample_uncached(void) {
   keel_thread_flush();
 }
 
+/* A freed profile sample goes back to its own slab. A list of one block is a whole batch
+ * (4-32 KiB) or a half one (2-4 KiB), and it was parked in the transfer cache, from which
+ * a bin took it as a plain block, still tagged sampled. */
+struct find_block_s {
+  void* p;
+  bool found;
+};
+static void find_block(void* list, uint32_t n, void* ctx) {
+  struct find_block_s* f = (struct find_block_s*)ctx;
+  void* q = list;
+  for (uint32_t i = 0; i < n && q != NULL; i++, q = keel_link_next(q, 0)) f->found |= q == f->p;
+}
+
+static void test_sample_freed_to_slab(void) {
+  TEST_SECTION("a freed profile sample goes back to its slab, not the transfer cache");
+  unsigned cls = keel_size_class(3000);
+  CHECK(_keel_classes[cls].batch == 2 && _keel_classes[cls].transfer_max > 0);
+  void** q = (void**)_keel_central_take_sampled(cls);
+  CHECK(q != NULL && keel_pagemap_get(q) == KEEL_KIND_SAMPLED);
+  if (q == NULL) return;
+  q[1] = NULL; /* handed out, as _keel_profile_countdown_expired does */
+  free(q);
+  struct find_block_s f = {q, false};
+  _keel_transfer_each(cls, find_block, &f);
+  CHECK_MSG(!f.found, "sampled block %p is parked in class %u's transfer cache", (void*)q, cls);
+  void* r = _keel_alloc_any(3000, 0, false, true);
+  CHECK_MSG(keel_pagemap_get(r) == cls, "malloc handed out block %p of a sampled slab (tag %#x)", r,
+            keel_pagemap_get(r));
+  free(r);
+  keel_thread_flush();
+}
+
+/* keel_mesh_estimate reads only the active classes: an inactive one's entry is the shared
+ * zero entry, which nothing may write (not even its lock's counter). */
+static void test_estimate_inactive(void) {
+  TEST_SECTION("keel_mesh_estimate leaves the inactive classes' zero entry alone");
+  unsigned inactive = 0;
+  for (unsigned c = 1; c < KEEL_NUM_CLASSES && _keel_classes[c].size <= KEEL_MESH_MAX_BLOCK; c++)
+    if (!_keel_central_active(c)) inactive = c;
+  CHECK(inactive != 0);
+  uint64_t before = _keel_central_slots[0].home.lock.acquired;
+  keel_mesh_estimate_t rows[128];
+  keel_mesh_estimate(rows, 128);
+  uint64_t after = _keel_central_slots[0].home.lock.acquired;
+  CHECK_MSG(after == before, "the zero entry's lock was taken %llu times (class %u inactive)",
+            (unsigned long long)(after - before), inactive);
+}
+
 /* Takes blocks of coarse class c straight from its slabs until its group has switched
  * to the fine classes (it spans KEEL_FINE_GROUP_SLABS slabs and has run out), or until
  * `max` blocks; returns how many it took. */
@@ -1452,6 +1500,8 @@ int main(void) {
   test_thread_cache();
   test_free_room_back();
   test_sample_uncached();
+  test_sample_freed_to_slab();
+  test_estimate_inactive();
   test_half_batches();
   test_batch_index();
   test_transfer_lines();
