@@ -379,11 +379,7 @@ void* _keel_checked_alloc(size_t n, size_t align, bool zero) {
   if (guard_min != 0 && n >= guard_min) return guarded_alloc(n, align, zero);
   char* p = (char*)_keel_alloc_any(n + TAIL, align, false, false);
   if (p == NULL) return NULL;
-  uint8_t kind = keel_pagemap_get(p);
-  size_t usable = block_usable(p, kind);
-  /* A reused small block must still be fully poisoned: anything else is a write after
-   * free (word 0 is excepted: the central list threads its link through it). */
-  if (kind < KEEL_NUM_CLASSES && ((uintptr_t*)p)[1] == poison_mark) check_poison("malloc", p, usable);
+  size_t usable = block_usable(p, keel_pagemap_get(p));
   if (zero) memset(p, 0, n);
   else memset(p, 0xAA, n < 64 ? n : 64); /* never hand out the poison mark as data */
   memset(p + n, CANARY, usable - sizeof(uintptr_t) - n);
