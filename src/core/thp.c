@@ -224,7 +224,9 @@ KEEL_COLD void _keel_pageheap_promote(void) {
   keel_unlock(_keel_lock_pageheap);
 }
 
-/* Read without the lock: promotion and slab trimming both run on the purger thread. */
+/* Read without the lock: a slab trim (the purger's, a free's, keel_purge's) that races a
+ * promotion in progress may split the new huge page - a cost, not an error: the trim
+ * only purges free pages, and a later pass may collapse the range again. */
 __attribute__((no_sanitize("thread"))) bool _keel_pageheap_promoted(const void* p, size_t units) {
   keel_chunk_t* c = keel_chunk_of(p);
   return (__atomic_load_n(&c->promoted_mask, __ATOMIC_RELAXED) & UNIT_BITS(keel_unit_index(p), units)) != 0;
