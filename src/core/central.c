@@ -336,6 +336,7 @@ static keel_slab_t* slab_new(unsigned cls, bool sampled) {
   s->ready = 0; /* bitmap words are written as takes reach them (slab_bits) */
   __atomic_store_n(&s->home, (uint8_t)0, __ATOMIC_RELAXED);
   s->row = 0;   /* and its row of them only once it needs a second word */
+  if (KEEL_UNLIKELY(_keel_options.check) && !zeroed) _keel_checked_slab_new(slab_base(c, s), cls);
   __atomic_add_fetch(&keel_central_of(cls)->slabs, 1, __ATOMIC_RELAXED);
   __atomic_add_fetch(&slab_units, k->units, __ATOMIC_RELAXED);
   return s;

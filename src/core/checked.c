@@ -53,11 +53,26 @@ static _Noreturn void report_uaf(const char* call, void* p, size_t offset) {
   _keel_misuse(call, "write after free in block", p, detail, 0);
 }
 
-/* Checks that freed block p (usable bytes) still holds only poison past word 1. */
-static void check_poison(const char* call, void* p, size_t usable) {
+/* Checks that freed block p (usable bytes) still holds only poison past word 1. Back in
+ * its slab (in_slab), a page of it that is all zero, other than the one holding word 1
+ * (which still holds the mark), is one a slab trim gave back. */
+static void check_poison(const char* call, void* p, size_t usable, bool in_slab) {
   const unsigned char* c = (const unsigned char*)p;
-  for (size_t i = 2 * sizeof(uintptr_t); i < usable; i++)
-    if (c[i] != POISON) report_uaf(call, p, i);
+  uintptr_t at = (uintptr_t)c, page = _keel_page_size, first = (at + sizeof(uintptr_t)) & ~(page - 1);
+  for (size_t i = 2 * sizeof(uintptr_t); i < usable; i++) {
+    if (c[i] == POISON) continue;
+    uintptr_t lo = (at + i) & ~(page - 1);
+    size_t end = lo + page - at < usable ? lo + page - at : usable;
+    bool purged = in_slab && lo != first;
+    for (size_t j = lo - at; purged && j < end; j++) purged = c[j] == 0;
+    if (!purged) report_uaf(call, p, i);
+    i = end - 1;
+  }
+}
+
+void _keel_checked_slab_new(void* base, unsigned cls) {
+  const keel_class_t* k = &_keel_classes[cls];
+  for (uint32_t i = 0; i < k->count; i++) ((uintptr_t*)((char*)base + (size_t)i * k->size))[1] = 0;
 }
 
 static uintptr_t* size_word(void* p, size_t usable) {
@@ -340,7 +355,7 @@ static void leave_quarantine(void* e, const char* call) {
     guarded_unmap(entry_desc(e)); /* inaccessible all along: nothing to check */
     return;
   }
-  check_poison(call, e, _keel_classes[keel_pagemap_get(e)].size);
+  check_poison(call, e, _keel_classes[keel_pagemap_get(e)].size, false);
   release(e);
 }
 
@@ -379,7 +394,15 @@ void* _keel_checked_alloc(size_t n, size_t align, bool zero) {
   if (guard_min != 0 && n >= guard_min) return guarded_alloc(n, align, zero);
   char* p = (char*)_keel_alloc_any(n + TAIL, align, false, false);
   if (p == NULL) return NULL;
-  size_t usable = block_usable(p, keel_pagemap_get(p));
+  uint8_t kind = keel_pagemap_get(p);
+  size_t usable = block_usable(p, kind);
+  /* A small block handed out again must still be poisoned since it left the quarantine
+   * (word 0 excepted: the slabs' lists thread their links through it). Not once meshing
+   * has run: a free block of a meshed page shows its partner page's bytes. */
+  if (kind < KEEL_NUM_CLASSES && ((uintptr_t*)p)[1] == poison_mark &&
+      __atomic_load_n(&_keel_central_unmesh, __ATOMIC_RELAXED) == NULL)
+    check_poison("malloc", p, usable, true);
+  ((uintptr_t*)p)[1] = 0;
   if (zero) memset(p, 0, n);
   else memset(p, 0xAA, n < 64 ? n : 64); /* never hand out the poison mark as data */
   memset(p + n, CANARY, usable - sizeof(uintptr_t) - n);

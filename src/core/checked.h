@@ -18,5 +18,8 @@ void* _keel_checked_realloc(void* p, size_t n) KEEL_INTERNAL;
 void _keel_checked_lock_all(void) KEEL_INTERNAL;   /* fork: the quarantine lock */
 void _keel_checked_unlock_all(void) KEEL_INTERNAL;
 void _keel_checked_reset_locks(void) KEEL_INTERNAL;
+/* A new slab over memory that held something else: no block of it may carry a freed
+ * block's poison mark from that earlier life (central.c, on dirty units). */
+void _keel_checked_slab_new(void* base, unsigned cls) KEEL_INTERNAL;
 
 #endif /* KEEL_CHECKED_H */

@@ -180,6 +180,20 @@ static void write_after_free(void) {
   for (int i = 0; i < 5000; i++) free(opaque(malloc(64)));
 }
 
+/* A write through a dangling pointer after its block has left the quarantine (back in
+ * its slab): caught when the block is handed out again. */
+static void write_after_quarantine(void) {
+  enum { N = 5000 }; /* more than the quarantine's 4,096 slots */
+  static char* held[N];
+  for (int i = 0; i < N; i++) held[i] = malloc(64);
+  char* p = malloc(64);
+  free(opaque(p));
+  for (int i = 0; i < N; i++) free(opaque(held[i])); /* p leaves the quarantine first */
+  ((char*)opaque(p))[40] = 7;
+  announce("malloc", p);
+  for (int i = 0; i < 2 * N; i++) (void)opaque(malloc(64)); /* p is handed out again */
+}
+
 /* realloc of a block that was already freed. */
 static void realloc_freed(void) {
   char* p = malloc(48);
@@ -315,6 +329,7 @@ static const struct misuse_case cases[] = {
     {"overflow_small", overflow_small},
     {"overflow_large", overflow_large},
     {"write_after_free", write_after_free},
+    {"write_after_quarantine", write_after_quarantine},
     {"realloc_freed", realloc_freed},
     {"realloc_stack", realloc_stack},
     {"guard_overflow_write", guard_overflow_write},
