@@ -122,9 +122,10 @@ API void* rallocx(void* p, size_t n, int flags) {
     bool large = kind == KEEL_KIND_LARGE && tier == TIER_LARGE;
     if (large || (kind == KEEL_KIND_HUGE && tier == TIER_HUGE && align <= _keel_page_size)) {
       /* A large block takes exactly `want` (whole units). Pages mremap adds to a huge one
-       * are fresh anonymous memory: zero without a memset. A small shrink keeps the
+       * are fresh anonymous memory, zero without a memset, where the huge cache does not
+       * fill them (it does not when asked to zero). A small shrink keeps the
        * mapping as it is (huge.c), so the block may stay bigger. */
-      void* q = _keel_realloc_big(p, kind, large ? want : n);
+      void* q = _keel_realloc_big(p, kind, large ? want : n, zero);
       if (q != NULL) {
         if (large && zero && want > old) memset((char*)p + old, 0, want - old);
         return q;

@@ -230,7 +230,7 @@ API void* KEEL_FN(realloc)(void* p, size_t n) {
     /* Same block if it fits and shrinking would not free at least half of it. */
     if (n <= old && n >= old / 2) return p;
   } else {
-    void* q = _keel_realloc_big(p, kind, n); /* large in place, huge by remapping */
+    void* q = _keel_realloc_big(p, kind, n, false); /* large in place, huge by remapping */
     if (q) return q;
   }
   void* q = KEEL_FN(malloc)(n);

@@ -330,7 +330,7 @@ KEEL_COLD size_t _keel_huge_disown(void* p) {
   return size;
 }
 
-void* _keel_huge_realloc(void* p, size_t size) {
+void* _keel_huge_realloc(void* p, size_t size, bool zero) {
   size_t bytes = round_pages(size);
   if (bytes < size) return NULL;
   keel_lock(&huge_lock);
@@ -358,7 +358,8 @@ void* _keel_huge_realloc(void* p, size_t size) {
   }
   if (bytes > old) {
     if (!holds_huge_page((uintptr_t)p, old)) thp_advise(q, bytes);
-    cache_fill((char*)q + old, bytes - old); /* realloc leaves the new part undefined */
+    /* realloc leaves the new part undefined; cached pages hold freed blocks' bytes */
+    if (!zero) cache_fill((char*)q + old, bytes - old);
   }
   table_remove(table_find((uintptr_t)p));
   _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_NONE);

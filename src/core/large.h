@@ -19,7 +19,8 @@ void* _keel_huge_alloc(size_t size, size_t align, bool zero) KEEL_INTERNAL;
 size_t _keel_huge_bytes(size_t size) KEEL_INTERNAL; /* mapping size for a request (0: too big) */
 bool _keel_huge_free(void* p) KEEL_INTERNAL;               /* false: not a live huge block */
 size_t _keel_huge_usable(const void* p) KEEL_INTERNAL;      /* 0: not a live huge block */
-void* _keel_huge_realloc(void* p, size_t size) KEEL_INTERNAL; /* NULL: caller falls back */
+/* NULL: the caller falls back. zero: the part it grows by reads as zero. */
+void* _keel_huge_realloc(void* p, size_t size, bool zero) KEEL_INTERNAL;
 size_t _keel_huge_purge(bool all) KEEL_INTERNAL;
 bool _keel_huge_cache_pending(void) KEEL_INTERNAL; /* the cache holds freed mappings */
 /* A block in a mapping its caller made and keeps (the checked mode's guarded blocks):

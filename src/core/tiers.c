@@ -102,14 +102,14 @@ size_t _keel_usable_size(const void* p, const char* call) {
  * one, asked for more than the large tier holds, is resized through its mapping and may
  * move. Either way it is no longer a heap-profile sample: the record would keep the old
  * size. One function for realloc and rallocx, so the two cannot drift apart. */
-void* _keel_realloc_big(void* p, uint8_t kind, size_t n) {
+void* _keel_realloc_big(void* p, uint8_t kind, size_t n, bool zero) {
   if (kind == KEEL_KIND_LARGE) {
     if (_keel_profiling) _keel_profile_forget(p);
     return _keel_large_realloc(p, n);
   }
   if (kind == KEEL_KIND_HUGE && n > KEEL_LARGE_MAX) {
     if (_keel_profiling) _keel_profile_forget(p);
-    return _keel_huge_realloc(p, n);
+    return _keel_huge_realloc(p, n, zero);
   }
   return NULL;
 }

@@ -19,6 +19,6 @@ size_t _keel_usable_for(size_t n, size_t align, int* tier) KEEL_INTERNAL;
 size_t _keel_usable_size(const void* p, const char* call) KEEL_INTERNAL;
 /* realloc's and rallocx's resize of a large or huge block (kind: its page-map kind)
  * without a copy; NULL: the caller allocates, copies and frees. */
-void* _keel_realloc_big(void* p, uint8_t kind, size_t n) KEEL_INTERNAL;
+void* _keel_realloc_big(void* p, uint8_t kind, size_t n, bool zero) KEEL_INTERNAL;
 
 #endif /* KEEL_TIERS_H */

@@ -238,6 +238,30 @@ static void test_rallocx(void) {
     dallocx(b, 0);
   }
 
+  /* A huge block grown with MALLOCX_ZERO while the huge cache holds a freed one: Keel
+   * fills a grown mapping from that cache (kernels 6.17+), whose pages hold the old
+   * block's bytes, unless asked to zero. */
+  {
+    size_t mb = (size_t)1 << 20;
+    unsigned char* a = mallocx(2 * mb, 0);
+    unsigned char* junk = mallocx(8 * mb, 0);
+    if (CHECK(a != NULL && junk != NULL)) {
+      size_t old = sallocx(a, 0);
+      memset(a, 0x11, old);
+      memset(junk, 0xAB, 8 * mb);
+      dallocx(junk, 0);
+      unsigned char* b = rallocx(a, 6 * mb, MALLOCX_ZERO);
+      if (CHECK(b != NULL)) {
+        size_t us = sallocx(b, 0), bad = 0;
+        for (size_t k = old; k < us; k++) bad += b[k] != 0;
+        CHECK_MSG(bad == 0, "rallocx(2 MiB -> 6 MiB, ZERO): %zu bytes of the tail not zero", bad);
+        dallocx(b, 0);
+      } else {
+        dallocx(a, 0);
+      }
+    }
+  }
+
   /* A new alignment moves the block if it must. */
   for (unsigned lg = 5; lg <= 22; lg += 3) {
     void* a = mallocx(3000, 0);

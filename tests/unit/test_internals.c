@@ -361,7 +361,7 @@ static void test_huge_cache_cold(void) {
   void* d = _keel_huge_alloc(size, 0, false);
   void* e = _keel_huge_alloc(size, 0, false);
   usleep(1100 * 1000);
-  d = _keel_huge_realloc(d, 2 * size);
+  d = _keel_huge_realloc(d, 2 * size, false);
   CHECK(d != NULL && _keel_huge_free(e));
   CHECK(_keel_huge_cache_pending());
   CHECK(_keel_huge_free(d));
