@@ -62,6 +62,14 @@ static size_t plain_usable(size_t n, size_t align, int* tier) {
 
 /* ---- allocation ---------------------------------------------------------------------- */
 
+/* With MALLOCX_ZERO all of what sallocx reports reads as zero; a block borrowed from a
+ * larger class (borrow.c) is bigger than the `zeroed` bytes nallocx promised. */
+static void* zero_rest(void* p, size_t zeroed) {
+  size_t usable = p != NULL ? _keel_usable_size(p, "mallocx") : 0;
+  if (usable > zeroed) memset((char*)p + zeroed, 0, usable - zeroed);
+  return p;
+}
+
 API void* mallocx(size_t n, int flags) {
   size_t align = flag_align(flags);
   bool zero = (flags & JE_ZERO) != 0;
@@ -74,8 +82,9 @@ API void* mallocx(size_t n, int flags) {
     int tier;
     n = plain_usable(n, align, &tier);
     if (n == 0) return enomem();
+    return zero_rest(_keel_alloc_any(n, align, true, flag_via_cache(flags)), n);
   }
-  return _keel_alloc_any(n, align, zero, flag_via_cache(flags));
+  return _keel_alloc_any(n, align, false, flag_via_cache(flags));
 }
 
 /* Usable size of a live block; reports misuse naming `call` for anything else. */
@@ -134,6 +143,7 @@ API void* rallocx(void* p, size_t n, int flags) {
   }
   void* q = _keel_alloc_any(zero ? want : n, align, zero, flag_via_cache(flags));
   if (q == NULL) return NULL;
+  if (zero) zero_rest(q, want);
   memcpy(q, p, old < want ? old : want);
   free(p);
   return q;

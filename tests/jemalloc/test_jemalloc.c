@@ -15,6 +15,7 @@
  */
 #include "test.h"
 
+#include <dlfcn.h>
 #include <limits.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -185,6 +186,31 @@ static void test_zero(void) {
     for (int k = 0; k < 8; k++) one_block(n, MALLOCX_ZERO, 16, true);
     one_block(n, MALLOCX_ZERO | MALLOCX_ALIGN(4096), 4096, true);
   }
+  /* Keel may hand out a free block of a larger class whose slabs have gone quiet
+   * (borrowing) rather than start a slab: sallocx is then more than nallocx, and all of
+   * it must read as zero too. A short purge delay makes the lender quiet soon. */
+  int (*option_set)(const char*, const char*) =
+      on_keel ? (int (*)(const char*, const char*))dlsym(RTLD_DEFAULT, "keel_option_set") : NULL;
+  enum { LENDERS = 20000, ASKS = 2000 };
+  static void* lend[LENDERS];
+  if (option_set != NULL) option_set("purge_delay", "100");
+  for (int k = 0; k < LENDERS; k++) lend[k] = mallocx(2048, 0);
+  for (int k = 0; k < LENDERS; k++) memset(lend[k], 0xEE, 2048);
+  for (int k = 0; k < LENDERS; k += 2) dallocx(lend[k], 0);
+  usleep(400 * 1000);
+  size_t bigger = 0, dirty = 0;
+  for (int k = 0; k < ASKS; k++) {
+    unsigned char* p = mallocx(1100, MALLOCX_ZERO);
+    size_t us = sallocx(p, 0);
+    bigger += us > nallocx(1100, MALLOCX_ZERO);
+    dirty += !all_zero(p, us);
+    lend[2 * (k % (LENDERS / 2))] = p;
+  }
+  printf("   mallocx(1100, ZERO): %zu of %d blocks bigger than nallocx, %zu not zero\n", bigger, ASKS, dirty);
+  EXPECT_EQ_U(0, dirty);
+  for (int k = 0; k < ASKS; k++) dallocx(lend[2 * k], 0);
+  for (int k = 1; k < LENDERS; k += 2) dallocx(lend[k], 0);
+  if (option_set != NULL) option_set("purge_delay", "1000");
 }
 
 /* ------------------------------------------------------------- rallocx, xallocx --- */
