@@ -7,7 +7,8 @@
 //  - plain new returns memory aligned to __STDCPP_DEFAULT_NEW_ALIGNMENT__ (16) and
 //    new(0) returns distinct non-null pointers;
 //  - the throwing forms call the installed new_handler until it is uninstalled, then
-//    throw std::bad_alloc; the nothrow forms do the same but return nullptr;
+//    throw std::bad_alloc; the nothrow forms do the same but return nullptr, also when
+//    the handler itself throws bad_alloc;
 //  - memory from operator new is malloc memory: malloc_usable_size() works on it.
 // One libstdc++ 12 defect is NOT encoded: its aligned operator new rounds the size up to
 // a multiple of the alignment without an overflow check, so operator new(SIZE_MAX,
@@ -235,6 +236,7 @@ static void test_new_expressions() {
 
 static int g_handler_calls;
 static int g_handler_limit;
+static void throwing_handler() { throw std::bad_alloc(); }
 static void counting_handler() {
   if (++g_handler_calls >= g_handler_limit) std::set_new_handler(nullptr);
 }
@@ -329,6 +331,15 @@ static void test_new_handler() {
   p = ::operator new[](opaque(SIZE_MAX / 2), std::align_val_t(256), std::nothrow);
   CHECK(p == nullptr);
   EXPECT_EQ_I(g_handler_calls, 2);
+
+  // A handler may throw bad_alloc itself: the nothrow forms still return nullptr.
+  std::set_new_handler(throwing_handler);
+  CHECK(::operator new(opaque(SIZE_MAX), std::nothrow) == nullptr);
+  CHECK(::operator new[](opaque(SIZE_MAX), std::nothrow) == nullptr);
+  CHECK(::operator new(opaque(SIZE_MAX / 2), std::align_val_t(64), std::nothrow) == nullptr);
+  CHECK(::operator new[](opaque(SIZE_MAX / 2), std::align_val_t(64), std::nothrow) == nullptr);
+  expect_bad_alloc("operator new(SIZE_MAX) with a throwing new_handler",
+                   [] { return ::operator new(opaque(SIZE_MAX)); });
 
   // A handler that is never needed is never called.
   g_handler_calls = 0;
