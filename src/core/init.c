@@ -5,6 +5,7 @@
  * first slow-path call (_keel_init). The constructor adds what may itself allocate or
  * must not run inside the loader: fork handlers. */
 #include "core/internal.h"
+#include "core/thp.h"
 
 bool _keel_ready;
 uintptr_t _keel_free_key = 1;
@@ -101,6 +102,7 @@ static void fork_child(void) {
   _keel_pagemap_reset_locks();
   _keel_huge_reset_locks();
   _keel_pageheap_reset_locks();
+  _keel_thp_promoting = NULL; /* a collapse in progress ran on the purger, gone here */
   _keel_central_reset_locks();
   _keel_mesh_after_fork_child();
   _keel_tcache_after_fork_child();
