@@ -786,6 +786,9 @@ static int ctl_call(const ctl_node_t* nd, const size_t* mib, void* oldp, size_t*
   if (r != 0) return r;
   if (newp != NULL) {
     if (newlen != val_size(nd->type)) return EINVAL;
+    /* A wrong old length fails before the write, as in jemalloc: nothing changes. */
+    if (oldp != NULL && oldlenp != NULL && *oldlenp != val_size(nd->type))
+      return ctl_read(nd->type, &old, oldp, oldlenp);
     val_t nv;
     val_decode(nd->type, newp, &nv);
     r = SET[nd->set](mib, &nv);

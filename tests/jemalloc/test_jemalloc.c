@@ -444,6 +444,18 @@ static void test_mallctl_basics(void) {
   EXPECT_EQ_U(len, sizeof(unsigned));
   bool bg = true;
   EXPECT_EQ_I(mallctl("background_thread", NULL, NULL, &bg, 4), EINVAL);
+  /* A wrong old length with a new value: EINVAL, and the value is not written. */
+  ssize_t decay0 = 0, decay1 = 0;
+  len = sizeof decay0;
+  EXPECT_EQ_I(mallctl("arena.0.dirty_decay_ms", &decay0, &len, NULL, 0), 0);
+  decay1 = decay0 + 1000;
+  int32_t decay_narrow = 0;
+  len = sizeof decay_narrow;
+  EXPECT_EQ_I(mallctl("arena.0.dirty_decay_ms", &decay_narrow, &len, &decay1, sizeof decay1), EINVAL);
+  ssize_t decay2 = 0;
+  len = sizeof decay2;
+  EXPECT_EQ_I(mallctl("arena.0.dirty_decay_ms", &decay2, &len, NULL, 0), 0);
+  EXPECT_EQ_I((int)decay2, (int)decay0);
 
   /* Read-only and void names. */
   size_t five = 5;
