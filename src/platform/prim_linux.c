@@ -925,6 +925,10 @@ PRIM_COLD int _keel_prim_barrier_open(int* mode) {
 
 PRIM_COLD bool _keel_prim_barrier_arm(int barrier, void* addr, size_t len) {
   int saved = errno;
+  /* Write protection holds only over pages present in the mapping: one never written
+   * since it was trimmed would let a write through unseen. A read maps the zero page. */
+  for (size_t off = 0, step = _keel_prim_page_size(); off < len; off += step)
+    (void)*(volatile const char*)((const char*)addr + off);
   struct uffdio_register reg = {.range = {(uintptr_t)addr, len}, .mode = UFFDIO_REGISTER_MODE_WP};
   bool ok = ioctl(barrier, UFFDIO_REGISTER, &reg) == 0;
   if (ok) {
