@@ -89,6 +89,7 @@ static size_t view_slots; /* a power of two, or 0 */
 static uint32_t epoch;
 static int pipes[PIPES_MAX]; /* read ends: one per such fork */
 static uint32_t pipe_epoch[PIPES_MAX];
+static uint64_t pipe_id[PIPES_MAX]; /* each read end's identity: still ours? */
 static unsigned npipes;
 static int64_t lost_epoch = -1; /* the last child we could not track (it may live on) */
 static int new_pipe[2] = {-1, -1};
@@ -484,14 +485,19 @@ refuse:
   return false;
 }
 
-/* Children forked while views existed: gone once their pipe reads end-of-file. */
+/* Children forked while views existed: gone once their pipe reads end-of-file. A read
+ * end the program closed and whose number it reuses is not read (nor closed): whether
+ * that child lives is unknown, so the groups it may map keep their pages. */
 static void reap_children(void) {
   for (unsigned i = 0; i < npipes;) {
-    if (_keel_prim_pipe_closed(pipes[i])) {
-      _keel_prim_close(pipes[i]);
+    bool ours = _keel_prim_fd_identity(pipes[i]) == pipe_id[i];
+    if (!ours && (int64_t)pipe_epoch[i] > lost_epoch) lost_epoch = pipe_epoch[i];
+    if (!ours || _keel_prim_pipe_closed(pipes[i])) {
+      if (ours) _keel_prim_close(pipes[i]);
       npipes--;
       pipes[i] = pipes[npipes];
       pipe_epoch[i] = pipe_epoch[npipes];
+      pipe_id[i] = pipe_id[npipes];
     } else {
       i++;
     }
@@ -673,6 +679,7 @@ KEEL_HOT void _keel_mesh_unlock_all(void) {
     _keel_prim_close(new_pipe[1]);
     if (npipes < PIPES_MAX) {
       pipes[npipes] = new_pipe[0];
+      pipe_id[npipes] = _keel_prim_fd_identity(new_pipe[0]);
       pipe_epoch[npipes++] = epoch - 1;
     } else { /* too many children at once: the groups made so far keep their pages */
       _keel_prim_close(new_pipe[0]);
@@ -692,12 +699,15 @@ KEEL_HOT void _keel_mesh_after_fork_child(void) {
   keel_lock_reset(&table_lock);
   in_child = true;
   disabled = true;
+  /* Only descriptors still Keel's: a program that closed them may have reused the numbers
+   * for files of its own. */
   if (npipes != 0) { /* its page is written only by a process that meshed */
-    for (unsigned i = 0; i < npipes; i++) _keel_prim_close(pipes[i]);
+    for (unsigned i = 0; i < npipes; i++)
+      if (_keel_prim_fd_identity(pipes[i]) == pipe_id[i]) _keel_prim_close(pipes[i]);
     npipes = 0;
   }
   if (new_pipe[0] >= 0) _keel_prim_close(new_pipe[0]);
-  _keel_prim_close(file_fd);
-  _keel_prim_close(barrier_fd);
+  if (file_fd >= 0 && _keel_prim_fd_identity(file_fd) == file_id) _keel_prim_close(file_fd);
+  if (barrier_fd >= 0 && _keel_prim_fd_identity(barrier_fd) == barrier_id) _keel_prim_close(barrier_fd);
   file_fd = barrier_fd = -1;
 }

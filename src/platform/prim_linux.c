@@ -18,6 +18,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -785,6 +786,10 @@ _Noreturn void _keel_prim_exit(int status) { exit(status); }
 
 int _keel_prim_file_create(uint64_t size) {
   int saved = errno;
+  /* Under a smaller file-size limit (ulimit -f) ftruncate would raise SIGXFSZ, which
+   * kills a program that does not block it. */
+  struct rlimit fsize;
+  if (getrlimit(RLIMIT_FSIZE, &fsize) == 0 && fsize.rlim_cur != RLIM_INFINITY && fsize.rlim_cur < size) return -1;
   int fd = (int)syscall(SYS_memfd_create, "keel-mesh", MFD_CLOEXEC);
   if (fd >= 0 && ftruncate(fd, (off_t)size) != 0) {
     close(fd);
