@@ -85,12 +85,24 @@ static size_t view_slots; /* a power of two, or 0 */
 
 /* Forks. A child maps the groups that existed when it was forked, so their file pages
  * stay until it is gone. Each fork made while views exist starts a new epoch; a group
- * records the epoch it was made in, each child's pipe the epoch it was forked in. */
+ * records the epoch it was made in, each child the epoch it was forked in. A child and
+ * the children it forks hold the write end of its pipe, and each writes its pid there as
+ * it starts: the pipe reads end-of-file once they all exited, exec'd or closed it, and
+ * the pids then say which of them still map the file (one that closed descriptors it did
+ * not open lives on). */
+#define CHILD_PIDS 16u /* pids a child's pipe may name; beyond, it is never known gone */
+typedef struct {
+  int fd;         /* the pipe's read end, -1 once it read end-of-file */
+  uint32_t epoch;
+  uint64_t id;    /* the read end's identity: still ours? */
+  uint32_t npids; /* pids read from it (more than CHILD_PIDS: too many to follow) */
+  int32_t pids[CHILD_PIDS];
+} child_t;
 static uint32_t epoch;
-static int pipes[PIPES_MAX]; /* read ends: one per such fork */
-static uint32_t pipe_epoch[PIPES_MAX];
-static uint64_t pipe_id[PIPES_MAX]; /* each read end's identity: still ours? */
+static child_t children[PIPES_MAX];
 static unsigned npipes;
+static int parent_pipe = -1; /* in a child: the write end its pid goes to */
+static uint64_t parent_pipe_id;
 static int64_t lost_epoch = -1; /* the last child we could not track (it may live on) */
 static int new_pipe[2] = {-1, -1};
 
@@ -218,7 +230,7 @@ static uint64_t group_offset(uint32_t g) { return (uint64_t)g * _keel_page_size;
 static bool group_releasable(const mesh_group_t* gr) {
   if (in_child || (int64_t)gr->epoch <= lost_epoch) return false;
   for (unsigned i = 0; i < npipes; i++)
-    if (gr->epoch <= pipe_epoch[i]) return false; /* that child may map it */
+    if (gr->epoch <= children[i].epoch) return false; /* that child may map it */
   for (unsigned m = 0; m < KEEL_MESH_WAYS; m++)
     if (gr->page[m] && !(gr->eroded >> m & 1)) return false;
   return true;
@@ -485,22 +497,39 @@ refuse:
   return false;
 }
 
-/* Children forked while views existed: gone once their pipe reads end-of-file. A read
- * end the program closed and whose number it reuses is not read (nor closed): whether
- * that child lives is unknown, so the groups it may map keep their pages. */
+/* Whether child c (and the children it forked) is gone: its pipe read end-of-file and
+ * none of the pids it named still maps the memory file. A read end the program closed
+ * and whose number it reuses is not read (nor closed): whether that child lives is
+ * unknown, so the groups it may map keep their pages (lost_epoch), as do those of a child
+ * that named too many pids. */
+static bool child_gone(child_t* c) {
+  if (c->fd >= 0) {
+    if (_keel_prim_fd_identity(c->fd) != c->id) {
+      c->npids = UINT32_MAX;
+    } else {
+      int32_t got[CHILD_PIDS];
+      long n;
+      while ((n = _keel_prim_pipe_read(c->fd, got, sizeof got)) > 0)
+        for (long k = 0; k < n / (long)sizeof got[0]; k++, c->npids += c->npids != UINT32_MAX)
+          if (c->npids < CHILD_PIDS) c->pids[c->npids] = got[k];
+      if (n != 0) return false; /* a writer still holds it */
+      _keel_prim_close(c->fd);
+      c->fd = -1;
+    }
+  }
+  if (c->npids > CHILD_PIDS) {
+    if ((int64_t)c->epoch > lost_epoch) lost_epoch = c->epoch;
+    return true;
+  }
+  for (uint32_t k = 0; k < c->npids; k++)
+    if (_keel_prim_process_maps(c->pids[k], file_fd)) return false;
+  return true;
+}
+
 static void reap_children(void) {
   for (unsigned i = 0; i < npipes;) {
-    bool ours = _keel_prim_fd_identity(pipes[i]) == pipe_id[i];
-    if (!ours && (int64_t)pipe_epoch[i] > lost_epoch) lost_epoch = pipe_epoch[i];
-    if (!ours || _keel_prim_pipe_closed(pipes[i])) {
-      if (ours) _keel_prim_close(pipes[i]);
-      npipes--;
-      pipes[i] = pipes[npipes];
-      pipe_epoch[i] = pipe_epoch[npipes];
-      pipe_id[i] = pipe_id[npipes];
-    } else {
-      i++;
-    }
+    if (child_gone(&children[i])) children[i] = children[--npipes];
+    else i++;
   }
 }
 
@@ -678,9 +707,7 @@ KEEL_HOT void _keel_mesh_unlock_all(void) {
   if (new_pipe[1] >= 0) {
     _keel_prim_close(new_pipe[1]);
     if (npipes < PIPES_MAX) {
-      pipes[npipes] = new_pipe[0];
-      pipe_id[npipes] = _keel_prim_fd_identity(new_pipe[0]);
-      pipe_epoch[npipes++] = epoch - 1;
+      children[npipes++] = (child_t){new_pipe[0], epoch - 1, _keel_prim_fd_identity(new_pipe[0]), 0, {0}};
     } else { /* too many children at once: the groups made so far keep their pages */
       _keel_prim_close(new_pipe[0]);
       lost_epoch = epoch - 1;
@@ -694,20 +721,35 @@ KEEL_HOT void _keel_mesh_table_unlock(void) { keel_unlock(&table_lock); }
 
 /* The child keeps the write end (its parent waits for it) and leaves the views it
  * inherited to the kernel's copy-on-write; it never meshes: its parent owns the file. */
-KEEL_HOT void _keel_mesh_after_fork_child(void) {
-  keel_lock_reset(&mesh_lock);
-  keel_lock_reset(&table_lock);
-  in_child = true;
-  disabled = true;
-  /* Only descriptors still Keel's: a program that closed them may have reused the numbers
-   * for files of its own. */
+/* The child's part that only a process that meshed (or its child) has: its pid on the
+ * pipe of the process that meshes, and the inherited descriptors closed - only those
+ * still Keel's: a program that closed them may have reused the numbers for its files. */
+static KEEL_COLD void child_descriptors(bool forked_by_mesher) {
+  if (forked_by_mesher) {
+    parent_pipe = new_pipe[1];
+    parent_pipe_id = parent_pipe >= 0 ? _keel_prim_fd_identity(parent_pipe) : 0;
+  }
+  /* (a child's children inherit the write end, and name themselves too) */
+  if (parent_pipe >= 0 && _keel_prim_fd_identity(parent_pipe) == parent_pipe_id)
+    _keel_prim_pipe_write_pid(parent_pipe);
   if (npipes != 0) { /* its page is written only by a process that meshed */
     for (unsigned i = 0; i < npipes; i++)
-      if (_keel_prim_fd_identity(pipes[i]) == pipe_id[i]) _keel_prim_close(pipes[i]);
+      if (children[i].fd >= 0 && _keel_prim_fd_identity(children[i].fd) == children[i].id)
+        _keel_prim_close(children[i].fd);
     npipes = 0;
   }
   if (new_pipe[0] >= 0) _keel_prim_close(new_pipe[0]);
   if (file_fd >= 0 && _keel_prim_fd_identity(file_fd) == file_id) _keel_prim_close(file_fd);
   if (barrier_fd >= 0 && _keel_prim_fd_identity(barrier_fd) == barrier_id) _keel_prim_close(barrier_fd);
   file_fd = barrier_fd = -1;
+}
+
+KEEL_HOT void _keel_mesh_after_fork_child(void) {
+  keel_lock_reset(&mesh_lock);
+  keel_lock_reset(&table_lock);
+  bool forked_by_mesher = !in_child;
+  in_child = true;
+  disabled = true;
+  if (npipes != 0 || new_pipe[0] >= 0 || parent_pipe >= 0 || file_fd >= 0 || barrier_fd >= 0)
+    child_descriptors(forked_by_mesher);
 }

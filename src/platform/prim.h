@@ -239,9 +239,13 @@ bool _keel_prim_memory_locked(void);
  * number back for a file of its own, which Keel must then not write to. */
 uint64_t _keel_prim_fd_identity(int fd);
 /* A pipe whose read end sees end-of-file once every copy of the write end is closed:
- * fds[0] read end (non-blocking), fds[1] write end; both close-on-exec. */
+ * fds[0] read end, fds[1] write end; both non-blocking and close-on-exec. */
 bool _keel_prim_pipe(int fds[2]);
-/* True once every write end of the pipe is closed (read gives end-of-file). */
-bool _keel_prim_pipe_closed(int read_fd);
+/* Up to n bytes from a pipe's read end: how many, 0 at end-of-file, -1 if none now. */
+long _keel_prim_pipe_read(int read_fd, void* buf, size_t n);
+/* Writes this process's id (an int32_t) on a pipe's write end, if there is room. */
+void _keel_prim_pipe_write_pid(int write_fd);
+/* Whether process pid exists and maps the file open as fd (its /proc maps say so). */
+bool _keel_prim_process_maps(int pid, int fd);
 
 #endif /* KEEL_PRIM_H */

@@ -20,6 +20,7 @@
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -1011,16 +1012,83 @@ bool _keel_prim_pipe(int fds[2]) {
   int saved = errno;
   bool ok = pipe2(fds, O_CLOEXEC) == 0;
   if (ok) fcntl(fds[0], F_SETFL, O_NONBLOCK);
+  if (ok) fcntl(fds[1], F_SETFL, O_NONBLOCK); /* a child never waits to write its pid */
   errno = saved;
   return ok;
 }
 
-bool _keel_prim_pipe_closed(int read_fd) {
+PRIM_COLD long _keel_prim_pipe_read(int read_fd, void* buf, size_t n) {
   int saved = errno;
-  char c;
+  ssize_t got;
+  do got = read(read_fd, buf, n);
+  while (got < 0 && errno == EINTR);
+  errno = saved;
+  return got < 0 ? -1 : (long)got;
+}
+
+PRIM_COLD void _keel_prim_pipe_write_pid(int write_fd) {
+  int saved = errno;
+  int32_t pid = (int32_t)getpid();
   ssize_t n;
-  do n = read(read_fd, &c, 1);
+  do n = write(write_fd, &pid, sizeof pid); /* 4 bytes: atomic on a pipe */
   while (n < 0 && errno == EINTR);
   errno = saved;
-  return n == 0; /* EAGAIN: a writer still holds it */
+}
+
+/* Decimal or hexadecimal digits at *s (advanced past them). */
+PRIM_COLD static uint64_t parse_number(const char** s, unsigned base) {
+  uint64_t v = 0;
+  for (;; (*s)++) {
+    char c = **s;
+    unsigned d = c >= '0' && c <= '9' ? (unsigned)(c - '0') : c >= 'a' && c <= 'f' ? (unsigned)(c - 'a' + 10) : 99;
+    if (d >= base) return v;
+    v = v * base + d;
+  }
+}
+
+/* Whether a line of /proc/PID/maps ("start-end perms offset major:minor inode path")
+ * maps the file of device dev, inode ino. */
+PRIM_COLD static bool maps_line_is(const char* s, const char* end, dev_t dev, ino_t ino) {
+  for (int field = 0; field < 3; field++) { /* past the range, perms and offset */
+    while (s < end && *s != ' ') s++;
+    while (s < end && *s == ' ') s++;
+  }
+  if (end - s < 5) return false;
+  uint64_t dev_major = parse_number(&s, 16);
+  if (*s++ != ':') return false;
+  uint64_t dev_minor = parse_number(&s, 16);
+  if (*s++ != ' ') return false;
+  uint64_t inode = parse_number(&s, 10);
+  return inode == (uint64_t)ino && dev_major == (uint64_t)major(dev) && dev_minor == (uint64_t)minor(dev);
+}
+
+PRIM_COLD bool _keel_prim_process_maps(int pid, int fd) {
+  int saved = errno;
+  struct stat st;
+  char path[40] = "/proc/";
+  size_t len = 6;
+  char digits[12];
+  size_t nd = 0;
+  for (unsigned v = (unsigned)pid; nd == 0 || v != 0; v /= 10) digits[nd++] = (char)('0' + v % 10);
+  while (nd > 0) path[len++] = digits[--nd];
+  memcpy(path + len, "/maps", 6);
+  int in = fstat(fd, &st) == 0 && pid > 0 ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+  bool found = false;
+  char buf[4096];
+  size_t have = 0;
+  while (in >= 0 && !found) {
+    ssize_t n = read(in, buf + have, sizeof buf - have);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    have += (size_t)n;
+    const char* line = buf;
+    for (const char* nl; !found && (nl = memchr(line, '\n', (size_t)(buf + have - line))) != NULL; line = nl + 1)
+      found = maps_line_is(line, nl, st.st_dev, st.st_ino);
+    have = (size_t)(buf + have - line); /* a line cut by the buffer's end waits for its rest */
+    memmove(buf, line, have);
+    if (have == sizeof buf) have = 0; /* (no line is that long) */
+  }
+  if (in >= 0) close(in);
+  errno = saved;
+  return found;
 }
