@@ -27,10 +27,10 @@
 #   unit.fastpath        valgrind (callgrind) counts x86-64 instructions; no arm64 valgrind
 #                        under qemu
 #   override.*           real x86-64 servers (not selected by the labels anyway)
-#   stress.fork          qemu-user 7.2 aborts ("qemu_plugin_vcpu_init_hook: assertion
-#                        failed") when a child forked from a multi-threaded program starts
-#                        a thread; tests/pagesize/qemu-issues/fork_thread.c shows it with
-#                        glibc's malloc alone (--qemu-issues runs it)
+#   stress.fork, stress.fork_profile  qemu-user 7.2 aborts ("qemu_plugin_vcpu_init_hook:
+#                        assertion failed") when a child forked from a multi-threaded
+#                        program starts a thread; tests/pagesize/qemu-issues/fork_thread.c
+#                        shows it with glibc's malloc alone (--qemu-issues runs it)
 #   stress.thread_churn  checks the RSS, which under qemu is qemu's: qemu leaks ~280 KiB per
 #                        guest thread (qemu-issues/thread_rss.c, glibc alone), and
 #                        /proc/self/statm counts host 4 KiB pages that the test multiplies by
@@ -131,7 +131,7 @@ case $mode in
   custom) for p in "${pages[@]}"; do runs+=("$p:$huge"); done; scale=${scale:-1} ;;
 esac
 labels="api|unit|stress|misuse|pagesize"
-exclude='^(unit\.fastpath|stress\.fork|stress\.thread_churn|misuse_checked_guard\.works|unit\.thp|pagesize\.small_address_space)$'
+exclude='^(unit\.fastpath|stress\.fork|stress\.fork_profile|stress\.thread_churn|misuse_checked_guard\.works|unit\.thp|pagesize\.small_address_space)$'
 summary=()
 if ((suites)); then
   for run in "${runs[@]}"; do
