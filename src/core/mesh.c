@@ -719,8 +719,6 @@ KEEL_HOT void _keel_mesh_unlock_all(void) {
 KEEL_HOT void _keel_mesh_table_lock(void) { keel_lock(&table_lock); }
 KEEL_HOT void _keel_mesh_table_unlock(void) { keel_unlock(&table_lock); }
 
-/* The child keeps the write end (its parent waits for it) and leaves the views it
- * inherited to the kernel's copy-on-write; it never meshes: its parent owns the file. */
 /* The child's part that only a process that meshed (or its child) has: its pid on the
  * pipe of the process that meshes, and the inherited descriptors closed - only those
  * still Keel's: a program that closed them may have reused the numbers for its files. */
@@ -744,6 +742,8 @@ static KEEL_COLD void child_descriptors(bool forked_by_mesher) {
   file_fd = barrier_fd = -1;
 }
 
+/* The child keeps the write end (its parent waits for it) and leaves the views it
+ * inherited to the kernel's copy-on-write; it never meshes: its parent owns the file. */
 KEEL_HOT void _keel_mesh_after_fork_child(void) {
   keel_lock_reset(&mesh_lock);
   keel_lock_reset(&table_lock);
