@@ -15,6 +15,7 @@
  * Needs KEEL_MESH=on, a write barrier (root, or access to /dev/userfaultfd) and 4 KiB
  * pages: skipped (77) without. */
 #include "test.h"
+#include "mesh_heap.h"
 
 #include <malloc.h>
 #include <pthread.h>
@@ -49,11 +50,6 @@ static void* writer(void* arg) {
   return NULL;
 }
 
-static int by_address(const void* a, const void* b) {
-  uintptr_t x = *(const uintptr_t*)a, y = *(const uintptr_t*)b;
-  return x < y ? -1 : x > y;
-}
-
 int main(void) {
   assert_keel_in_use();
   if (sysconf(_SC_PAGESIZE) != 4096) {
@@ -67,20 +63,16 @@ int main(void) {
     printf("SKIP: meshing is not on (state %u; needs KEEL_MESH=on and a write barrier)\n", ms.state);
     return 77;
   }
-  static uintptr_t slabs[NBLK];
   for (int i = 0; i < NBLK; i++) {
     blk[i] = malloc(SIZE);
     if (!CHECK_MSG(blk[i] != NULL && malloc_usable_size(blk[i]) == SIZE, "a 1280-byte block")) return test_finish();
-    slabs[i] = (uintptr_t)blk[i] & ~(uintptr_t)0xFFFF;
   }
-  qsort(slabs, NBLK, sizeof slabs[0], by_address);
-  size_t ns = 0;
-  for (int i = 0; i < NBLK; i++)
-    if (ns == 0 || slabs[ns - 1] != slabs[i]) slabs[ns++] = slabs[i];
+  static uintptr_t scratch[NBLK];
+  static size_t order[NBLK];
+  size_t ns = mesh_slab_order(blk, NBLK, scratch, order);
   for (int i = 0; i < NBLK; i++) {
-    uintptr_t s = (uintptr_t)blk[i] & ~(uintptr_t)0xFFFF;
-    size_t ord = (size_t)((uintptr_t*)bsearch(&s, slabs, ns, sizeof s, by_address) - slabs);
-    size_t idx = ((uintptr_t)blk[i] - s) / SIZE;
+    size_t ord = order[i];
+    size_t idx = ((uintptr_t)blk[i] & MESH_SLAB_MASK) / SIZE;
     if (idx == (ord % 2 ? 4u : 3u)) {
       memset(blk[i], 0x11, SIZE);
       if (ord % 2 == 0 && neven < MAX_EVEN) even_tail[neven++] = (uintptr_t)blk[i] + (4096 - 3 * SIZE);

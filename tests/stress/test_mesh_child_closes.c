@@ -11,16 +11,13 @@
  * Needs KEEL_MESH=on, a write barrier (root, or access to /dev/userfaultfd) and 4 KiB
  * pages: skipped (77) without. */
 #include "test.h"
+#include "mesh_heap.h"
 
 #include <sys/wait.h>
 
 enum { SIZE = 1024, NBLK = 64 * 64 };
 
 static void* blk[NBLK];
-static int cmp(const void* a, const void* b) {
-  uintptr_t x = *(const uintptr_t*)a, y = *(const uintptr_t*)b;
-  return x < y ? -1 : x > y;
-}
 static unsigned char pat(size_t i) { return (unsigned char)(i * 7 + 1) | 1; }
 
 int main(void) {
@@ -32,20 +29,13 @@ int main(void) {
     printf("SKIP: needs KEEL_MESH=on, a write barrier and 4 KiB pages\n");
     return 77;
   }
-  static uintptr_t bases[NBLK];
+  for (int i = 0; i < NBLK; i++) blk[i] = malloc(SIZE);
+  static uintptr_t scratch[NBLK];
+  static size_t order[NBLK];
+  mesh_slab_order(blk, NBLK, scratch, order);
   for (int i = 0; i < NBLK; i++) {
-    blk[i] = malloc(SIZE);
-    bases[i] = (uintptr_t)blk[i] & ~(uintptr_t)0xFFFF;
-  }
-  qsort(bases, NBLK, sizeof bases[0], cmp);
-  size_t ns = 0;
-  for (int i = 0; i < NBLK; i++)
-    if (ns == 0 || bases[ns - 1] != bases[i]) bases[ns++] = bases[i];
-  for (int i = 0; i < NBLK; i++) {
-    uintptr_t b = (uintptr_t)blk[i] & ~(uintptr_t)0xFFFF;
-    size_t ord = (size_t)((uintptr_t*)bsearch(&b, bases, ns, sizeof b, cmp) - bases);
-    size_t slot = (((uintptr_t)blk[i] - b) / SIZE) % 4;
-    if (slot == ord % 2) memset(blk[i], pat((size_t)i), SIZE);
+    size_t slot = (((uintptr_t)blk[i] & MESH_SLAB_MASK) / SIZE) % 4;
+    if (slot == order[i] % 2) memset(blk[i], pat((size_t)i), SIZE);
     else { free(blk[i]); blk[i] = NULL; }
   }
   keel_purge();
