@@ -32,7 +32,6 @@
 #include <stdint.h>
 
 #include "core/base.h"
-#include "core/central.h"
 #include "core/tcache.h"
 
 #ifndef KEEL_LINK_ENCODING

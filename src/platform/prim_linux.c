@@ -963,15 +963,24 @@ bool _keel_prim_barrier_disarm(int barrier, void* addr, size_t len) {
   return ok;
 }
 
+/* Decimal or hexadecimal digits at *s (advanced past them). */
+PRIM_COLD static uint64_t parse_number(const char** s, unsigned base) {
+  uint64_t v = 0;
+  for (;; (*s)++) {
+    char c = **s;
+    unsigned d = c >= '0' && c <= '9' ? (unsigned)(c - '0') : c >= 'a' && c <= 'f' ? (unsigned)(c - 'a' + 10) : 99;
+    if (d >= base) return v;
+    v = v * base + d;
+  }
+}
+
 PRIM_COLD uint64_t _keel_prim_map_limit(void) {
   int saved = errno;
   char buf[32];
   long got = read_small_file("/proc/sys/vm/max_map_count", buf, sizeof buf);
   errno = saved;
-  if (got <= 0) return 0;
-  uint64_t v = 0;
-  for (const char* c = buf; *c >= '0' && *c <= '9'; c++) v = v * 10 + (uint64_t)(*c - '0');
-  return v;
+  const char* c = buf;
+  return got > 0 ? parse_number(&c, 10) : 0;
 }
 
 PRIM_COLD uint64_t _keel_prim_map_count(void) {
@@ -1033,17 +1042,6 @@ PRIM_COLD void _keel_prim_pipe_write_pid(int write_fd) {
   do n = write(write_fd, &pid, sizeof pid); /* 4 bytes: atomic on a pipe */
   while (n < 0 && errno == EINTR);
   errno = saved;
-}
-
-/* Decimal or hexadecimal digits at *s (advanced past them). */
-PRIM_COLD static uint64_t parse_number(const char** s, unsigned base) {
-  uint64_t v = 0;
-  for (;; (*s)++) {
-    char c = **s;
-    unsigned d = c >= '0' && c <= '9' ? (unsigned)(c - '0') : c >= 'a' && c <= 'f' ? (unsigned)(c - 'a' + 10) : 99;
-    if (d >= base) return v;
-    v = v * base + d;
-  }
 }
 
 /* Whether a line of /proc/PID/maps ("start-end perms offset major:minor inode path")
