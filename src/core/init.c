@@ -222,7 +222,11 @@ void _keel_background_start(void) {
   }
 }
 
-bool _keel_purger_running(void) { return atomic_load_explicit(&background_state, memory_order_relaxed) == 1; }
+/* Its thread may still tick after background_purge was switched off, but it returns
+ * nothing then: an exiting thread must not leave its cache for it. */
+bool _keel_purger_running(void) {
+  return atomic_load_explicit(&background_state, memory_order_relaxed) == 1 && keel_opt(background_purge);
+}
 
 __attribute__((constructor(101))) static void keel_process_init(void) {
   _keel_init();

@@ -295,7 +295,11 @@ KEEL_API KEEL_COLD int keel_option_set(const char* name, const char* value) {
     return EBUSY;
   store(o, &v);
   if (o->field == &_keel_options.thp) _keel_thp_apply_all();
-  if (o->field == &_keel_options.background_purge && v.b) _keel_background_start();
+  /* Switched off: the caches exited threads kept for the purger go back now. */
+  if (o->field == &_keel_options.background_purge) {
+    if (v.b) _keel_background_start();
+    else _keel_tcache_release_spares(0);
+  }
   if (o->field == &_keel_options.publish) _keel_publish_option_changed();
   return 0;
 }

@@ -438,6 +438,38 @@ static void test_thread_cache(void) {
   CHECK(!_keel_tcache_contains(t, cls, p));
 }
 
+/* A thread that works long enough to get a cache, then ends. */
+static void* cached_worker(void* arg) {
+  (void)arg;
+  void* blocks[100];
+  for (int round = 0; round < 3; round++) {
+    for (int i = 0; i < 100; i++) blocks[i] = malloc(64);
+    for (int i = 0; i < 100; i++) free(blocks[i]);
+  }
+  return NULL;
+}
+
+/* An exiting thread leaves its cache, blocks and all, for the purger to return after the
+ * purge delay. With background purging switched off at run time nothing would: the kept
+ * caches go back at the switch, and a thread that exits afterwards keeps none. */
+static void test_purge_off_spares(void) {
+  TEST_SECTION("background_purge off: no cache is kept for a purger that returns nothing");
+  pthread_t th;
+  CHECK(_keel_purger_running());
+  uint64_t live = __atomic_load_n(&_keel_live_caches, __ATOMIC_RELAXED);
+  CHECK(pthread_create(&th, NULL, cached_worker, NULL) == 0 && pthread_join(th, NULL) == 0);
+  uint64_t kept = __atomic_load_n(&_keel_live_caches, __ATOMIC_RELAXED);
+  CHECK_MSG(kept == live || kept == live + 1, "%llu caches, %llu before", (unsigned long long)kept,
+            (unsigned long long)live); /* (the purger may have returned it already) */
+  CHECK(keel_option_set("background_purge", "off") == 0);
+  CHECK(!_keel_purger_running());
+  CHECK(__atomic_load_n(&_keel_live_caches, __ATOMIC_RELAXED) == live);
+  CHECK(pthread_create(&th, NULL, cached_worker, NULL) == 0 && pthread_join(th, NULL) == 0);
+  CHECK_MSG(__atomic_load_n(&_keel_live_caches, __ATOMIC_RELAXED) == live, "an exited thread's cache was kept");
+  CHECK(keel_option_set("background_purge", "on") == 0);
+  CHECK(_keel_purger_running());
+}
+
 /* free's fast path takes room from the bin of the class it read in the page map; when
  * there is none it leaves that bin at -1 and the slow path gives it back. The page map
  * may name something else by then (another thread carved the block's slab, borrow.c):
@@ -1522,6 +1554,7 @@ int main(void) {
   test_verify();
   test_stats_api();
   test_lock_stats();
+  test_purge_off_spares(); /* spreads the transfer cache over its lines (a second cache) */
   test_fork_profile_lock(); /* last: failing, it waits out the child's alarm */
   return test_finish();
 }
