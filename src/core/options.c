@@ -248,6 +248,10 @@ static void read_conf(const char* conf) {
   }
 }
 
+#define TEXT_OF(x) #x
+#define TEXT_OF_VALUE(x) TEXT_OF(x)
+#define VALUE_MAX_TEXT TEXT_OF_VALUE(KEEL_OPTION_VALUE_MAX)
+
 static void read_env(const opt_t* o) {
   char var[48] = "KEEL_";
   size_t n = 5;
@@ -255,7 +259,12 @@ static void read_env(const opt_t* o) {
     var[n++] = (char)(*s >= 'a' && *s <= 'z' ? *s - 'a' + 'A' : *s);
   var[n] = 0;
   char value[sizeof _keel_options.profile_prefix];
-  if (!_keel_prim_getenv(var, value, sizeof value)) return;
+  long len = _keel_prim_getenv(var, value, sizeof value);
+  if (len < 0) return;
+  if ((size_t)len >= sizeof value) { /* cut short, it would name another value */
+    _keel_warn("ignoring a value longer than " VALUE_MAX_TEXT " bytes of ", var);
+    return;
+  }
   opt_value_t v;
   if (parse(o, value, &v)) store(o, &v);
   else warn_bad("", &(opt_t){var, o->kind, o->when, o->field, o->names});

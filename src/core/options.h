@@ -9,6 +9,9 @@
 #include "core/base.h"
 
 /* ---- options (options.c) -------------------------------------------------------------- */
+/* The longest value an option takes (a path prefix), in bytes. */
+#define KEEL_OPTION_VALUE_MAX 199
+
 typedef struct keel_options_s {
   uint64_t purge_delay_ms;  /* KEEL_PURGE_DELAY: free memory is returned after this long */
   uint64_t tcache_bytes;    /* KEEL_TCACHE_MAX: most bytes one thread cache may hold */
@@ -24,7 +27,7 @@ typedef struct keel_options_s {
   uint64_t profile_growth;  /* KEEL_PROFILE_GROWTH: dump a profile after this much growth */
   bool profile_at_exit;     /* KEEL_PROFILE_AT_EXIT: dump a profile at exit */
   bool profile_leaks;       /* KEEL_PROFILE_LEAKS: report live sampled blocks at exit */
-  char profile_prefix[200]; /* KEEL_PROFILE_PREFIX: dumps go to PREFIX.<pid>.<n>.heap */
+  char profile_prefix[KEEL_OPTION_VALUE_MAX + 1]; /* KEEL_PROFILE_PREFIX: dumps go to PREFIX.<pid>.<n>.heap */
   int thp;                  /* KEEL_THP: keel_thp_policy_t for Keel's own memory */
   int mesh;                 /* KEEL_MESH: keel_mesh_policy_t */
   uint64_t check_guard;     /* KEEL_CHECK_GUARD: checked-mode blocks this big get a guard

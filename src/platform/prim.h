@@ -85,9 +85,10 @@ uint64_t _keel_prim_random(void);   /* 64 unpredictable bits; never blocks */
 int _keel_prim_getpid(void);
 
 /* -- environment and output ---------------------------------------------------------- */
-/* Copies the value of environment variable `name` into buf (NUL-terminated). Returns
- * false if the variable is not set. Works before libc has set up `environ`. */
-bool _keel_prim_getenv(const char* name, char* buf, size_t size);
+/* Copies the value of environment variable `name` into buf (NUL-terminated, cut to
+ * size - 1 bytes). Returns the value's whole length, which the caller compares with
+ * size, or -1 if the variable is not set. Works before libc has set up `environ`. */
+long _keel_prim_getenv(const char* name, char* buf, size_t size);
 
 /* Writes all of buf to fd (retrying on short writes and EINTR). */
 void _keel_prim_write(int fd, const char* buf, size_t len);

@@ -287,42 +287,45 @@ int _keel_prim_getpid(void) { return (int)getpid(); }
 
 /* -- environment and output ------------------------------------------------------------ */
 
-static bool copy_value(const char* entry, const char* name, char* buf, size_t size) {
+/* entry's value's length if it sets name (its first `size` - 1 bytes copied), else -1;
+ * whole: the entry is not cut short (a cut one is only known to be longer). */
+static long copy_value(const char* entry, size_t whole, const char* name, char* buf, size_t size) {
   size_t n = strlen(name);
-  if (strncmp(entry, name, n) != 0 || entry[n] != '=') return false;
+  if (strncmp(entry, name, n) != 0 || entry[n] != '=') return -1;
   const char* v = entry + n + 1;
-  size_t len = strlen(v);
-  if (len >= size) len = size - 1;
-  memcpy(buf, v, len);
-  buf[len] = 0;
-  return true;
+  size_t len = strlen(v), copied = len < size ? len : size - 1;
+  memcpy(buf, v, copied);
+  buf[copied] = 0;
+  return (long)(whole > n + 1 + len ? whole - n - 1 : len);
 }
 
-bool _keel_prim_getenv(const char* name, char* buf, size_t size) {
-  if (size == 0) return false;
+long _keel_prim_getenv(const char* name, char* buf, size_t size) {
+  if (size == 0) return -1;
   if (environ != NULL) {
-    for (char** e = environ; *e != NULL; e++)
-      if (copy_value(*e, name, buf, size)) return true;
-    return false;
+    for (char** e = environ; *e != NULL; e++) {
+      long len = copy_value(*e, 0, name, buf, size);
+      if (len >= 0) return len;
+    }
+    return -1;
   }
   /* Called before libc set up environ (from the dynamic loader): read the initial
-   * environment from /proc. Entries longer than the buffer are skipped. */
+   * environment from /proc. An entry longer than the buffer below is cut short. */
   int saved = errno;
   int fd = open("/proc/self/environ", O_RDONLY | O_CLOEXEC);
-  bool found = false;
+  long found = -1;
   if (fd >= 0) {
     char chunk[4096];
     char entry[512];
     size_t elen = 0;
     ssize_t n;
-    while (!found) {
+    while (found < 0) {
       n = read(fd, chunk, sizeof chunk);
       if (n < 0 && errno == EINTR) continue; /* a signal must not hide an option */
       if (n <= 0) break;
-      for (ssize_t i = 0; i < n && !found; i++) {
+      for (ssize_t i = 0; i < n && found < 0; i++) {
         if (chunk[i] == 0) {
           entry[elen < sizeof entry ? elen : sizeof entry - 1] = 0;
-          if (elen < sizeof entry) found = copy_value(entry, name, buf, size);
+          found = copy_value(entry, elen, name, buf, size);
           elen = 0;
         } else {
           if (elen < sizeof entry) entry[elen] = chunk[i];

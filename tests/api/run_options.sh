@@ -4,7 +4,8 @@
 # Usage: run_options.sh <test_options-program>
 # keel_conf (defined by the program) has two bad entries: an unknown option and a bad
 # THP policy; each must give exactly one warning line and leave the default. In the
-# environment, a bad KEEL_PROFILE_RATE must do the same.
+# environment, a bad KEEL_PROFILE_RATE must do the same, and so must a KEEL_PROFILE_PREFIX
+# too long to keep whole (not cut to another path).
 set -u
 prog=${1:?usage: $0 <test_options>}
 err=$(mktemp)
@@ -24,7 +25,7 @@ expect_lines() { # <what> <count> <regex>
 run() { # <mode> [VAR=value...]
   local mode=$1
   shift
-  if ! env -u KEEL_PURGE_DELAY -u KEEL_THP -u KEEL_TCACHE_MAX -u KEEL_PROFILE_RATE "$@" \
+  if ! env -u KEEL_PURGE_DELAY -u KEEL_THP -u KEEL_TCACHE_MAX -u KEEL_PROFILE_RATE -u KEEL_PROFILE_PREFIX "$@" \
        "$prog" "$mode" 2>"$err"; then
     echo "FAIL: test_options $mode"
     sed 's/^/  stderr: /' "$err"
@@ -37,9 +38,11 @@ expect_lines "conf: unknown name" 1 '^keel: .*keel_conf: ignoring an unknown opt
 expect_lines "conf: bad thp" 1 '^keel: .*ignoring bad value \(want system, always, never or dense\) of keel_conf option thp$'
 expect_lines "conf: nothing else" 2 '^keel:'
 
-run env KEEL_PURGE_DELAY=300 KEEL_THP=never KEEL_PROFILE_RATE=lots
+long_prefix=/tmp/$(printf 'p%.0s' {1..245})
+run env KEEL_PURGE_DELAY=300 KEEL_THP=never KEEL_PROFILE_RATE=lots KEEL_PROFILE_PREFIX="$long_prefix"
 expect_lines "env: bad KEEL_PROFILE_RATE" 1 '^keel: .*ignoring bad value \(want a size like 512K, 4M\) of KEEL_PROFILE_RATE$'
-expect_lines "env: nothing else" 3 '^keel:'
+expect_lines "env: long KEEL_PROFILE_PREFIX" 1 '^keel: .*ignoring a value longer than 199 bytes of KEEL_PROFILE_PREFIX$'
+expect_lines "env: nothing else" 4 '^keel:'
 
 # The api run publishes its statistics file, and before that sweeps the files of ended
 # processes of this user: one for a process that has just ended must go, one for a

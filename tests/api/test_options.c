@@ -46,6 +46,7 @@ static int env(void) {
   EXPECT_OPT("tcache_max", "65536");    /* from keel_conf, the environment is silent */
   EXPECT_OPT("thp", "never");           /* KEEL_THP=never */
   EXPECT_OPT("profile_rate", "0");      /* KEEL_PROFILE_RATE=lots is bad: default */
+  EXPECT_OPT("profile_prefix", "/tmp/keel-conf-test"); /* 250 bytes: too long, keel_conf's */
   return 0;
 }
 
