@@ -19,7 +19,7 @@ API struct mallinfo2 mallinfo2(void) {
   _keel_stats_collect(&s);
   struct mallinfo2 m = {0};
   m.arena = s.committed - s.huge_allocated; /* non-mmapped space Keel holds */
-  m.hblks = 0;
+  m.hblks = _keel_huge_live_blocks(); /* directly mapped blocks */
   m.hblkhd = s.huge_allocated;               /* space in directly mapped blocks */
   m.uordblks = s.allocated - s.huge_allocated; /* in use */
   m.fordblks = m.arena > m.uordblks ? m.arena - m.uordblks : 0; /* free but held */

@@ -29,6 +29,7 @@ static size_t table_used;
 static cached_map_t cache[CACHE_SLOTS];
 static size_t cache_count;
 static uint64_t live_bytes, cached_bytes, huge_purged;
+static uint64_t live_blocks; /* huge_lock held */
 static uint64_t taken_bytes; /* ever handed out, for the forked child's purger (init.c) */
 static uint32_t thp_epoch; /* bumped by every run-time KEEL_THP change (huge lock held) */
 static uint64_t last_take_ms; /* the last huge allocation or growth (huge lock held) */
@@ -242,6 +243,7 @@ void* _keel_huge_alloc(size_t size, size_t align, bool zero) {
   bool ok = table_insert((uintptr_t)p, bytes) && _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_HUGE);
   if (ok) {
     live_bytes += bytes;
+    live_blocks++;
     taken_bytes += bytes;
   } else if (table_find((uintptr_t)p)) {
     table_remove(table_find((uintptr_t)p));
@@ -268,6 +270,7 @@ bool _keel_huge_free(void* p) {
   size_t size = e->size;
   table_remove(e);
   live_bytes -= size;
+  live_blocks--;
   _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_FREED);
   cached_map_t evict = {p, size, 0}; /* unmapped unless it fits in the cache */
   uint64_t now = _keel_prim_clock_ms();
@@ -311,8 +314,10 @@ size_t _keel_huge_usable(const void* p) {
 KEEL_COLD bool _keel_huge_adopt(void* p, size_t size) {
   keel_lock(&huge_lock);
   bool ok = table_insert((uintptr_t)p, size) && _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_HUGE);
-  if (ok) live_bytes += size;
-  else if (table_find((uintptr_t)p)) table_remove(table_find((uintptr_t)p));
+  if (ok) {
+    live_bytes += size;
+    live_blocks++;
+  } else if (table_find((uintptr_t)p)) table_remove(table_find((uintptr_t)p));
   keel_unlock(&huge_lock);
   return ok;
 }
@@ -324,6 +329,7 @@ KEEL_COLD size_t _keel_huge_disown(void* p) {
   if (e) {
     table_remove(e);
     live_bytes -= size;
+    live_blocks--;
     _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_FREED);
   }
   keel_unlock(&huge_lock);
@@ -408,6 +414,13 @@ KEEL_COLD void _keel_huge_thp_apply_all(void) {
     if (table[i].addr != 0) thp_advise((void*)table[i].addr, table[i].size);
   for (size_t i = 0; i < cache_count; i++) thp_advise(cache[i].addr, cache[i].size);
   keel_unlock(&huge_lock);
+}
+
+KEEL_COLD uint64_t _keel_huge_live_blocks(void) {
+  keel_lock(&huge_lock);
+  uint64_t n = live_blocks;
+  keel_unlock(&huge_lock);
+  return n;
 }
 
 void _keel_huge_lock_all(void) { keel_lock(&huge_lock); }

@@ -33,5 +33,7 @@ void _keel_huge_lock_all(void) KEEL_INTERNAL;
 void _keel_huge_unlock_all(void) KEEL_INTERNAL;
 void _keel_huge_reset_locks(void) KEEL_INTERNAL;
 void _keel_huge_stats(keel_stats_t* out) KEEL_INTERNAL;
+/* Huge blocks live now (each a mapping of its own: glibc's mallinfo2 hblks). */
+uint64_t _keel_huge_live_blocks(void) KEEL_INTERNAL;
 
 #endif /* KEEL_LARGE_H */
