@@ -209,6 +209,19 @@ size_t _keel_prim_page_size(void) {
 }
 
 /* Reads a small text file into buf with plain syscalls (no stdio). */
+/* Decimal or hexadecimal digits at *s (advanced past them); UINT64_MAX if they name a
+ * larger number. Inline: the purger's tick reads /proc through it, and its callers sit
+ * in both halves of the text (src/hot_text.ld). */
+static inline uint64_t parse_number(const char** s, unsigned base) {
+  uint64_t v = 0;
+  for (;; (*s)++) {
+    char c = **s;
+    unsigned d = c >= '0' && c <= '9' ? (unsigned)(c - '0') : c >= 'a' && c <= 'f' ? (unsigned)(c - 'a' + 10) : 99;
+    if (d >= base) return v;
+    v = v > (UINT64_MAX - d) / base ? UINT64_MAX : v * base + d;
+  }
+}
+
 static long read_small_file(const char* path, char* buf, size_t size) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -1;
@@ -230,7 +243,8 @@ size_t _keel_prim_huge_page_size(void) {
   char buf[64];
   size_t v = 0;
   if (read_small_file("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", buf, sizeof buf) > 0) {
-    for (char* s = buf; *s >= '0' && *s <= '9'; s++) v = v * 10 + (size_t)(*s - '0');
+    const char* s = buf;
+    v = (size_t)parse_number(&s, 10);
   }
   errno = saved;
   huge_size_cache = v;
@@ -606,9 +620,8 @@ void _keel_prim_publish_sweep(const char* prefix) {
       }* d = (void*)(buf + off);
       off += d->reclen;
       if (strncmp(d->name, prefix, plen) != 0 || d->name[plen] == 0) continue;
-      uint64_t pid = 0;
       const char* c = d->name + plen;
-      for (; *c >= '0' && *c <= '9' && pid < (1u << 30); c++) pid = pid * 10 + (uint64_t)(*c - '0');
+      uint64_t pid = parse_number(&c, 10);
       if (*c != 0 || pid == 0 || pid >= (1u << 30)) continue;
       if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
       struct stat st;
@@ -751,8 +764,9 @@ int _keel_prim_thread_count(void) {
   int field = 2;
   for (; *p && field < 20; p++)
     if (*p == ' ') field++;
-  int v = 0;
-  for (; *p >= '0' && *p <= '9'; p++) v = v * 10 + (*p - '0');
+  const char* c = p;
+  uint64_t threads = parse_number(&c, 10);
+  int v = threads > INT32_MAX ? INT32_MAX : (int)threads;
   return main_gone && v > 0 ? v - 1 : v;
 }
 
@@ -964,17 +978,6 @@ bool _keel_prim_barrier_disarm(int barrier, void* addr, size_t len) {
   ok = ioctl(barrier, UFFDIO_UNREGISTER, &wp.range) == 0 && ok;
   errno = saved;
   return ok;
-}
-
-/* Decimal or hexadecimal digits at *s (advanced past them). */
-PRIM_COLD static uint64_t parse_number(const char** s, unsigned base) {
-  uint64_t v = 0;
-  for (;; (*s)++) {
-    char c = **s;
-    unsigned d = c >= '0' && c <= '9' ? (unsigned)(c - '0') : c >= 'a' && c <= 'f' ? (unsigned)(c - 'a' + 10) : 99;
-    if (d >= base) return v;
-    v = v * base + d;
-  }
 }
 
 PRIM_COLD uint64_t _keel_prim_map_limit(void) {
