@@ -174,6 +174,22 @@ static size_t cache_fill(char* at, size_t n) {
  * cannot resize: then its pages are moved into a fresh mapping of the new size (Linux
  * 6.17+ moves several mappings at once; older kernels refuse, and the caller copies).
  * Returns the new address, or NULL with the old mapping untouched. */
+/* Lock held: huge block p of old bytes moved to a new mapping of size bytes, entered in
+ * the table and the page map first; NULL (p as it was) where any step fails. */
+static void* move_to_new(void* p, size_t old, size_t size) {
+  void* q = _keel_prim_map(size, 0, NULL);
+  if (q == NULL) return NULL;
+  if (table_insert((uintptr_t)q, size)) {
+    if (_keel_pagemap_set((uintptr_t)q, 1, KEEL_KIND_HUGE)) {
+      if (_keel_prim_move(p, old, q)) return q;
+      _keel_pagemap_set((uintptr_t)q, 1, KEEL_KIND_NONE);
+    }
+    table_remove(table_find((uintptr_t)q));
+  }
+  _keel_prim_unmap(q, size);
+  return NULL;
+}
+
 static void* grow_mapping(void* p, size_t old, size_t size) {
   void* q = _keel_prim_remap(p, old, size, true);
   if (q != NULL) return q;
@@ -357,7 +373,11 @@ void* _keel_huge_realloc(void* p, size_t size, bool zero) {
     keel_unlock(&huge_lock);
     return p;
   }
-  void* q = bytes > old ? grow_mapping(p, old, bytes) : _keel_prim_remap(p, old, bytes, true);
+  /* In place (a shrink always is), else to a new mapping entered in the table and the
+   * page map before the block moves there: entering it afterwards could fail with the
+   * block already gone from p. */
+  void* q = _keel_prim_remap(p, old, bytes, false);
+  if (q == NULL && bytes > old) q = move_to_new(p, old, bytes);
   if (q == NULL) {
     keel_unlock(&huge_lock);
     return NULL; /* the caller allocates, copies and frees */
@@ -367,10 +387,12 @@ void* _keel_huge_realloc(void* p, size_t size, bool zero) {
     /* realloc leaves the new part undefined; cached pages hold freed blocks' bytes */
     if (!zero) cache_fill((char*)q + old, bytes - old);
   }
-  table_remove(table_find((uintptr_t)p));
-  _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_NONE);
-  if (!table_insert((uintptr_t)q, bytes) || !_keel_pagemap_set((uintptr_t)q, 1, KEEL_KIND_HUGE))
-    _keel_fatal_internal(__FILE__, __LINE__, "out of memory for huge block metadata");
+  if (q == p) {
+    table_find((uintptr_t)p)->size = bytes;
+  } else {
+    table_remove(table_find((uintptr_t)p));
+    _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_NONE);
+  }
   live_bytes += bytes - old;
   if (bytes > old) taken_bytes += bytes - old;
   keel_unlock(&huge_lock);
