@@ -90,11 +90,7 @@ API void* mallocx(size_t n, int flags) {
 /* Usable size of a live block; reports misuse naming `call` for anything else. */
 static size_t block_usable(void* p, const char* call) {
   if (KEEL_UNLIKELY(_keel_options.check)) return _keel_checked_usable(p, call);
-  uint8_t kind = keel_pagemap_get(p);
-  size_t n = _keel_usable_size(p, call);
-  if (kind < KEEL_NUM_CLASSES && ((uintptr_t)p & 15) != 0)
-    _keel_misuse(call, "invalid pointer", p, ": not the start of a block", n);
-  return n;
+  return _keel_usable_size(p, call);
 }
 
 static void release(void* p, const char* call) {

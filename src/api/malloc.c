@@ -226,7 +226,6 @@ API void* KEEL_FN(realloc)(void* p, size_t n) {
   uint8_t kind = keel_pagemap_get(p);
   size_t old = usable_size(p, "realloc");
   if (kind < KEEL_NUM_CLASSES || kind == KEEL_KIND_CARVED) { /* a slab's block, or a carved one */
-    if (((uintptr_t)p & 15) != 0) _keel_misuse("realloc", "invalid pointer", p, ": not the start of a block", old);
     /* Same block if it fits and shrinking would not free at least half of it. */
     if (n <= old && n >= old / 2) return p;
   } else {

@@ -376,10 +376,12 @@ unsigned _keel_central_carved_free(void* p, const char* call) {
 size_t _keel_central_carved_size(const void* p, const char* call) {
   unsigned lender;
   keel_carve_t* d = carved_hole_of(p, &lender);
-  if (d == NULL) return _keel_classes[lender].size;
-  if (carved_index(d, p) < 0)
-    _keel_misuse(call, "invalid pointer", p, ": not the start of a block", _keel_classes[d->cls].size);
-  return _keel_classes[d->cls].size;
+  unsigned cls = d != NULL ? d->cls : lender;
+  bool exact = true;
+  if (d == NULL) _keel_block_start(lender, p, &exact); /* one of the slab's own blocks */
+  if (!exact || (d != NULL && carved_index(d, p) < 0))
+    _keel_misuse(call, "invalid pointer", p, ": not the start of a block", _keel_classes[cls].size);
+  return _keel_classes[cls].size;
 }
 
 KEEL_COLD bool _keel_central_verify_carved(unsigned cls) {

@@ -82,12 +82,28 @@ void* _keel_alloc_any(size_t n, size_t align, bool zero, bool via_cache) {
   return p;
 }
 
+/* Block p of a slab of class cls, checked: the start of a block, and not a free one (its
+ * second word holds the free key, tcache.h). realloc would otherwise hand back a block
+ * that overlaps its neighbour, or one that is on a free list. */
+static size_t slab_block_usable(unsigned cls, const void* p, const char* call) {
+  size_t size = _keel_classes[cls].size;
+  bool exact;
+  _keel_block_start(cls, p, &exact);
+  if (!exact) _keel_misuse(call, "invalid pointer", p, ": not the start of a block", size);
+  if (((const uintptr_t*)p)[1] == _keel_free_key) _keel_misuse(call, "use of freed pointer", p, NULL, size);
+  return size;
+}
+
 size_t _keel_usable_size(const void* p, const char* call) {
   uint8_t kind = keel_pagemap_get(p);
-  if (kind >= 1 && kind < KEEL_NUM_CLASSES) return _keel_classes[kind].size;
-  if (kind == KEEL_KIND_CARVED) return _keel_central_carved_size(p, call);
+  if (kind >= 1 && kind < KEEL_NUM_CLASSES) return slab_block_usable(kind, p, call);
+  if (kind == KEEL_KIND_CARVED) {
+    size_t size = _keel_central_carved_size(p, call); /* checks a carved block's start */
+    if (((const uintptr_t*)p)[1] == _keel_free_key) _keel_misuse(call, "use of freed pointer", p, NULL, size);
+    return size;
+  }
   unsigned sampled = keel_sampled_class(p, kind);
-  if (sampled) return _keel_classes[sampled].size;
+  if (sampled) return slab_block_usable(sampled, p, call);
   size_t n = 0;
   if (kind == KEEL_KIND_LARGE) n = _keel_large_usable(p);
   else if (kind == KEEL_KIND_HUGE) n = _keel_huge_usable(p);

@@ -202,6 +202,22 @@ static void realloc_freed(void) {
   (void)q;
 }
 
+/* realloc of a freed block to a size its block still holds: the block would be handed
+ * back as it is while it sits on a free list (then given out twice). */
+static void realloc_freed_same_size(void) {
+  char* p = malloc(48);
+  free(opaque(p));
+  void* q = do_realloc(p, 40);
+  (void)q;
+}
+
+/* realloc of a pointer 16 bytes into a block: the result would overlap the next block. */
+static void realloc_interior(void) {
+  char* p = malloc(64);
+  void* q = do_realloc(p + 16, 64);
+  (void)q;
+}
+
 /* The cases below run with KEEL_CHECK=1 KEEL_CHECK_GUARD=64K: blocks of 64 KiB or more
  * end right before an inaccessible guard page. A fault is announced as
  *   misuse: <case>: fault(<address about to be accessed>)
@@ -331,6 +347,8 @@ static const struct misuse_case cases[] = {
     {"write_after_free", write_after_free},
     {"write_after_quarantine", write_after_quarantine},
     {"realloc_freed", realloc_freed},
+    {"realloc_freed_same_size", realloc_freed_same_size},
+    {"realloc_interior", realloc_interior},
     {"realloc_stack", realloc_stack},
     {"guard_overflow_write", guard_overflow_write},
     {"guard_overflow_read_page", guard_overflow_read_page},
