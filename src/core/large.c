@@ -27,6 +27,10 @@ void* _keel_large_alloc(size_t size, size_t align, bool zero) {
   }
   __atomic_fetch_add(&large_live_bytes, head->size, __ATOMIC_RELAXED);
   if (zero && !zeroed) memset(p, 0, size);
+  /* Dirty units may hold a freed slab block's free key where this block's second word
+   * is: a realloc to a small size would copy it into a live block, whose free would then
+   * be taken for a double free. */
+  else if (!zeroed) ((uintptr_t*)p)[1] = 0;
   return p;
 }
 
@@ -64,6 +68,10 @@ void* _keel_large_realloc(void* p, size_t size) {
     _keel_pageheap_shrink(head, n); /* both set head->size, under the page heap's lock */
   } else if (!_keel_pageheap_grow_in_place(head, n)) {
     return NULL;
+  } else {
+    /* Units a freed large block's head left tagged FREED: an interior pointer there is
+     * not a double free. */
+    _keel_pagemap_set((uintptr_t)p + old * KEEL_UNIT_SIZE, n - old, KEEL_KIND_NONE);
   }
   __atomic_fetch_sub(&large_live_bytes, old_bytes, __ATOMIC_RELAXED);
   __atomic_fetch_add(&large_live_bytes, head->size, __ATOMIC_RELAXED);

@@ -446,6 +446,27 @@ static void test_big_reuse(void) {
   }
 }
 
+/* A big block over memory that small blocks freed a moment ago, shrunk by realloc to a
+ * small size after only its first bytes were written: the copy takes the block's second
+ * word as it was. Whatever freed blocks left there, the small block is live and its free
+ * is no double free. */
+static void test_realloc_shrink_unwritten(void) {
+  TEST_SECTION("realloc of a big block to a small one, its second word never written");
+  for (size_t size = 256; size <= 8192; size *= 4) {
+    enum { N = 2000 };
+    static void* held[N];
+    for (int i = 0; i < N; i++) held[i] = malloc(opaque_size(size));
+    for (int i = 0; i < N; i++) free(held[i]);
+    char* buf = (char*)malloc(opaque_size((size_t)512 << 10));
+    if (!CHECK(buf != NULL)) return;
+    strcpy(buf, "hello");
+    buf = (char*)realloc(buf, opaque_size(64));
+    if (!CHECK(buf != NULL)) return;
+    CHECK(strcmp(buf, "hello") == 0);
+    free(buf); /* stopped the program as a double free */
+  }
+}
+
 static void test_reallocarray(void) {
   TEST_SECTION("reallocarray");
   char* p = (char*)reallocarray(opaque_ptr(NULL), opaque_size(10), opaque_size(10));
@@ -941,6 +962,7 @@ int main(void) {
   test_calloc();
   test_realloc();
   test_big_reuse();
+  test_realloc_shrink_unwritten();
   test_reallocarray();
   test_posix_memalign();
   test_memalign();

@@ -218,6 +218,16 @@ static void realloc_interior(void) {
   (void)q;
 }
 
+/* free of a pointer into a large block that grew in place over a freed one's units. */
+static void free_interior_large_grown(void) {
+  char* a = malloc(200 << 10);
+  char* b = malloc(200 << 10);
+  free(opaque(b));
+  char* a2 = realloc(opaque(a), 500 << 10);
+  announce("free", a2 + (256 << 10));
+  free(opaque(a2 + (256 << 10)));
+}
+
 /* The cases below run with KEEL_CHECK=1 KEEL_CHECK_GUARD=64K: blocks of 64 KiB or more
  * end right before an inaccessible guard page. A fault is announced as
  *   misuse: <case>: fault(<address about to be accessed>)
@@ -349,6 +359,7 @@ static const struct misuse_case cases[] = {
     {"realloc_freed", realloc_freed},
     {"realloc_freed_same_size", realloc_freed_same_size},
     {"realloc_interior", realloc_interior},
+    {"free_interior_large_grown", free_interior_large_grown},
     {"realloc_stack", realloc_stack},
     {"guard_overflow_write", guard_overflow_write},
     {"guard_overflow_read_page", guard_overflow_read_page},
