@@ -175,13 +175,18 @@ static size_t cache_fill(char* at, size_t n) {
  * 6.17+ moves several mappings at once; older kernels refuse, and the caller copies).
  * Returns the new address, or NULL with the old mapping untouched. */
 /* Lock held: huge block p of old bytes moved to a new mapping of size bytes, entered in
- * the table and the page map first; NULL (p as it was) where any step fails. */
+ * the table and the page map first; NULL (p as it was) where any step fails. p's table
+ * entry is the caller's to remove. */
 static void* move_to_new(void* p, size_t old, size_t size) {
   void* q = _keel_prim_map(size, 0, NULL);
   if (q == NULL) return NULL;
   if (table_insert((uintptr_t)q, size)) {
     if (_keel_pagemap_set((uintptr_t)q, 1, KEEL_KIND_HUGE)) {
+      /* p's entry goes first: once the move has unmapped p, another thread's new chunk
+       * may be mapped there and tag its units. */
+      _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_NONE);
       if (_keel_prim_move(p, old, q)) return q;
+      _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_HUGE);
       _keel_pagemap_set((uintptr_t)q, 1, KEEL_KIND_NONE);
     }
     table_remove(table_find((uintptr_t)q));
@@ -387,12 +392,8 @@ void* _keel_huge_realloc(void* p, size_t size, bool zero) {
     /* realloc leaves the new part undefined; cached pages hold freed blocks' bytes */
     if (!zero) cache_fill((char*)q + old, bytes - old);
   }
-  if (q == p) {
-    table_find((uintptr_t)p)->size = bytes;
-  } else {
-    table_remove(table_find((uintptr_t)p));
-    _keel_pagemap_set((uintptr_t)p, 1, KEEL_KIND_NONE);
-  }
+  if (q == p) table_find((uintptr_t)p)->size = bytes;
+  else table_remove(table_find((uintptr_t)p)); /* its page-map entry went before the move */
   live_bytes += bytes - old;
   if (bytes > old) taken_bytes += bytes - old;
   keel_unlock(&huge_lock);
