@@ -122,6 +122,8 @@ static inline bool _keel_central_slabs_have_free(unsigned cls) {
 void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) KEEL_INTERNAL;
 /* The same from the slabs alone, under the class's lock (the transfer cache was tried). */
 void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) KEEL_INTERNAL;
+/* The class's lock held: every block of a list of class cls goes back to its slab. */
+void _keel_central_put_locked(unsigned cls, void* list) KEEL_INTERNAL;
 /* Gives back a NULL-terminated list of n blocks of class cls. */
 void _keel_central_give(unsigned cls, void* list, uint32_t n) KEEL_INTERNAL;
 /* Gives back the first n blocks of a list of class cls (a bin's); returns the rest. */

@@ -225,14 +225,14 @@ KEEL_COLD uint32_t _keel_transfer_blocks(unsigned cls) {
 KEEL_COLD void _keel_transfer_each(unsigned cls, void (*fn)(void* list, uint32_t n, void* ctx), void* ctx) {
   const keel_class_t* k = &_keel_classes[cls];
   for (unsigned i = 0, lines = lines_filled(); i < lines; i++) {
-    const transfer_line_t* l = line_of(i, cls);
+    transfer_line_t* l = line_of(i, cls);
     for (unsigned s = 0; s < LINE_SLOTS; s++) {
-      void* e = __atomic_load_n(&l->slot[s], __ATOMIC_ACQUIRE);
+      void* e = __atomic_exchange_n(&l->slot[s], NULL, __ATOMIC_ACQUIRE);
+      if (e == NULL) continue;
       uint32_t n;
-      if (e != NULL) {
-        void* list = entry_list(e, k, &n);
-        fn(list, n, ctx);
-      }
+      void* list = entry_list(e, k, &n);
+      fn(list, n, ctx);
+      if (!park_at(&l->slot[s], e) && !put(cls, e)) _keel_central_put_locked(cls, list);
     }
   }
 }

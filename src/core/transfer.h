@@ -40,7 +40,10 @@ bool _keel_transfer_any(unsigned cls) KEEL_INTERNAL; /* a hint: something is par
 /* A parked list from a line no put or get has used for idle_ticks (0: any), or NULL. */
 void* _keel_transfer_take_idle(unsigned cls, uint32_t now, uint32_t idle_ticks, uint32_t* n) KEEL_INTERNAL;
 uint32_t _keel_transfer_blocks(unsigned cls) KEEL_INTERNAL; /* parked blocks (racy: statistics) */
-/* Calls fn on every parked list (tests, the invariant walk: nothing may run beside it). */
+/* Calls fn on every parked list of cls (the invariant walk, tests), the class's lock
+ * held. Each is taken out of its slot while fn reads it, so no other thread takes it and
+ * overwrites its links meanwhile, then parked again, or put back to its slabs where the
+ * class's slots have filled up. */
 void _keel_transfer_each(unsigned cls, void (*fn)(void* list, uint32_t n, void* ctx), void* ctx) KEEL_INTERNAL;
 
 #endif /* KEEL_TRANSFER_H */

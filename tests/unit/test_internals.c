@@ -540,7 +540,9 @@ static void test_sample_freed_to_slab(void) {
   q[1] = NULL; /* handed out, as _keel_profile_countdown_expired does */
   free(q);
   struct find_block_s f = {q, false};
+  _keel_central_lock_class(keel_central_of(cls));
   _keel_transfer_each(cls, find_block, &f);
+  _keel_central_unlock_class(keel_central_of(cls));
   CHECK_MSG(!f.found, "sampled block %p is parked in class %u's transfer cache", (void*)q, cls);
   void* r = _keel_alloc_any(3000, 0, false, true);
   CHECK_MSG(keel_pagemap_get(r) == cls, "malloc handed out block %p of a sampled slab (tag %#x)", r,
