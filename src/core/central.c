@@ -650,9 +650,10 @@ void* _keel_block_start(unsigned cls, const void* p, bool* exact) {
 }
 
 /* Lock held: the n blocks of mask (bits of bitmap word w of slab s, all checked to be
- * out of the slab) come back. Out of line: put_runs's loop stays small. */
+ * out of the slab) come back; in a cold class the pages they leave free are purged now
+ * unless !purge_now. Out of line: put_runs's loop stays small. */
 static KEEL_NOINLINE void slab_put_bits(keel_central_t* cl, unsigned cls, keel_slab_t* s, unsigned w, uint64_t mask,
-                                        unsigned n) {
+                                        unsigned n, bool purge_now) {
   const keel_class_t* k = &_keel_classes[cls];
   if (s->row == 0 && s->ready > 1) slab_rows_restore(s, k);
   KEEL_SLAB_BITS(s, w) |= mask;
@@ -663,7 +664,8 @@ static KEEL_NOINLINE void slab_put_bits(keel_central_t* cl, unsigned cls, keel_s
   s->used = (uint16_t)(s->used - n);
   home_out_add(home_of(cl, s->home), -(int64_t)n);
   uint32_t cold = __atomic_load_n(&_keel_cold_ticks, __ATOMIC_RELAXED);
-  if (KEEL_UNLIKELY(cold != 0 && now - __atomic_load_n(&cl->take_tick, __ATOMIC_RELAXED) >= cold) && s->used > 0)
+  if (KEEL_UNLIKELY(cold != 0 && now - __atomic_load_n(&cl->take_tick, __ATOMIC_RELAXED) >= cold) && s->used > 0 &&
+      purge_now)
     _keel_slab_purge_freed(k, s, w, mask);
   if (s->used == 0) {
     /* Keep a lone empty slab: releasing it would make a class that is used a little
@@ -715,14 +717,14 @@ static KEEL_COLD _Noreturn void double_free(held_t held, unsigned cls, const voi
   _keel_misuse("free", "double free of pointer", p, NULL, _keel_classes[cls].size);
 }
 
-/* Returns block p to its slab; the central lock of cls is held. */
+/* Returns block p to its slab; the central lock of cls is held (slab.h). */
 void _keel_slab_put(keel_central_t* cl, unsigned cls, void* p) {
   size_t idx;
   keel_slab_t* s = slab_of_block(HELD_CLASS(cl), cls, p, &idx);
   /* A block in a word never written was never handed out: reported as free. */
   uint64_t bit = (uint64_t)1 << (idx % 64);
   if (keel_slab_word(s, _keel_classes[cls].count, (unsigned)(idx / 64)) & bit) double_free(HELD_CLASS(cl), cls, p);
-  slab_put_bits(cl, cls, s, (unsigned)(idx / 64), bit, 1);
+  slab_put_bits(cl, cls, s, (unsigned)(idx / 64), bit, 1, false);
 }
 
 /* A list going back to its slabs is put in two steps: without the lock, its blocks are
@@ -792,7 +794,7 @@ static void put_run(keel_central_t* cl, held_t held, unsigned cls, const put_run
     size_t idx = (size_t)run->word * 64 + (size_t)__builtin_ctzll(twice);
     double_free(held, cls, (char*)slab_base(keel_chunk_of(s), s) + idx * k->size);
   }
-  slab_put_bits(cl, cls, s, run->word, run->mask, run->n);
+  slab_put_bits(cl, cls, s, run->word, run->mask, run->n, true);
 }
 
 /* Class lock held. */

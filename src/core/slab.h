@@ -40,7 +40,11 @@ static inline keel_central_t* lock_class(unsigned cls) {
 void _keel_slab_rows_take(keel_slab_t* s, const keel_class_t* k) KEEL_INTERNAL;
 /* Slab s handed out its last free block: it leaves the partial list. */
 void _keel_slab_became_full(keel_central_t* cl, keel_slab_t* s, const keel_class_t* k) KEEL_INTERNAL;
-/* Block p of class cls goes back to its slab (a stop if it is not out of it). */
+/* Block p of class cls goes back to its slab (a stop if it is not out of it). The pages
+ * it leaves free wait for the purger's trim even in a cold class: a carved hole coming
+ * back (borrow.c) keeps the free keys of the blocks freed in it for the purge delay, so
+ * freeing one of them again is still named a double free, not taken for a block of the
+ * lender's. */
 void _keel_slab_put(keel_central_t* cl, unsigned cls, void* p) KEEL_INTERNAL;
 /* Every block of a list of class cls goes back to its slab. */
 void _keel_slab_put_list(keel_central_t* cl, unsigned cls, void* list) KEEL_INTERNAL;
