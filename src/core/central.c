@@ -82,12 +82,19 @@ static inline void count_trip(keel_central_t* cl, keel_home_t* h, unsigned line)
 /* The block after q on a list of class cls: the link decoded and checked (freelist.h),
  * and the block it leads to in a slab of that class (the page map says so: a link to
  * anywhere else stops the process before the block is touched). */
+/* A listed block whose unit is not tagged with its class: one of a sampled slab of it,
+ * or of a slab of it with carved holes (which lists only its own blocks), else corrupt. */
+static KEEL_COLD void list_next_other_tag(const void* q, const void* next, uint8_t kind, unsigned cls) {
+  /* (the tag vouches for the slab before its descriptor is read) */
+  bool carved_own = kind == KEEL_KIND_CARVED && keel_span_head(keel_chunk_of(next), keel_unit_index(next))->cls == cls;
+  if (!carved_own && keel_sampled_class(next, kind) != cls) _keel_freelist_corrupt("malloc", cls, q);
+}
+
 static void* list_next(const void* q, unsigned cls) {
   void* next = keel_link_next(q, cls);
   if (next != NULL) {
     uint8_t kind = keel_pagemap_get(next);
-    if (KEEL_UNLIKELY(kind != cls && kind != KEEL_KIND_CARVED && keel_sampled_class(next, kind) != cls))
-      _keel_freelist_corrupt("malloc", cls, q);
+    if (KEEL_UNLIKELY(kind != cls)) list_next_other_tag(q, next, kind, cls);
   }
   return next;
 }
