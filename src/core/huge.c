@@ -177,7 +177,7 @@ static size_t cache_fill(char* at, size_t n) {
 /* Lock held: huge block p of old bytes moved to a new mapping of size bytes, entered in
  * the table and the page map first; NULL (p as it was) where any step fails. p's table
  * entry is the caller's to remove. */
-static void* move_to_new(void* p, size_t old, size_t size) {
+static KEEL_COLD void* move_to_new(void* p, size_t old, size_t size) {
   void* q = _keel_prim_map(size, 0, NULL);
   if (q == NULL) return NULL;
   if (table_insert((uintptr_t)q, size)) {
@@ -225,8 +225,10 @@ static void* cache_take(size_t size, size_t* dirty_bytes) {
   }
   cache[best] = cache[--cache_count];
   cached_bytes -= m.size;
-  if (m.size > size && !cache_keep((char*)m.addr + size, m.size - size))
+  if (m.size > size && !cache_keep((char*)m.addr + size, m.size - size)) {
     _keel_prim_unmap((char*)m.addr + size, m.size - size);
+    __atomic_fetch_add(&huge_purged, m.size - size, __ATOMIC_RELAXED);
+  }
   *dirty_bytes = m.size < size ? m.size + cache_fill((char*)p + m.size, size - m.size) : size;
   return p;
 }

@@ -85,7 +85,7 @@ void* _keel_alloc_any(size_t n, size_t align, bool zero, bool via_cache) {
 /* Block p of a slab of class cls, checked: the start of a block, and not a free one (its
  * second word holds the free key, tcache.h). realloc would otherwise hand back a block
  * that overlaps its neighbour, or one that is on a free list. */
-static size_t slab_block_usable(unsigned cls, const void* p, const char* call) {
+static KEEL_NOINLINE size_t slab_block_usable(unsigned cls, const void* p, const char* call) {
   size_t size = _keel_classes[cls].size;
   bool exact;
   _keel_block_start(cls, p, &exact);
