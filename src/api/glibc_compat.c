@@ -44,15 +44,19 @@ API void malloc_stats(void) {
   _keel_stats_collect(&s);
   char text[512];
   keel_buf_t b = {text, 0, sizeof text};
+  /* As mallinfo2: the arena is what is not mapped block by block; the maxima are the
+   * current figures (Keel keeps no high-water marks of them). */
   _keel_buf_str(&b, "Arena 0:\nsystem bytes     = ");
-  _keel_buf_u64(&b, s.committed);
+  _keel_buf_u64(&b, s.committed - s.huge_allocated);
   _keel_buf_str(&b, "\nin use bytes     = ");
-  _keel_buf_u64(&b, s.allocated);
+  _keel_buf_u64(&b, s.allocated - s.huge_allocated);
   _keel_buf_str(&b, "\nTotal (incl. mmap):\nsystem bytes     = ");
   _keel_buf_u64(&b, s.committed);
   _keel_buf_str(&b, "\nin use bytes     = ");
   _keel_buf_u64(&b, s.allocated);
-  _keel_buf_str(&b, "\nmax mmap regions = 0\nmax mmap bytes   = ");
+  _keel_buf_str(&b, "\nmax mmap regions = ");
+  _keel_buf_u64(&b, _keel_huge_live_blocks());
+  _keel_buf_str(&b, "\nmax mmap bytes   = ");
   _keel_buf_u64(&b, s.huge_allocated);
   _keel_buf_str(&b, "\n");
   _keel_prim_write(2, text, b.len);
