@@ -191,15 +191,7 @@ API void sdallocx(void* p, size_t size, int flags) {
     size_t asked = _keel_checked_usable(p, "sdallocx");
     int tier;
     size_t most = plain_usable(asked, flag_align(flags), &tier);
-    if (size < asked || size > most) {
-      char detail[96];
-      keel_buf_t b = {detail, 0, sizeof detail};
-      _keel_buf_str(&b, ": size ");
-      _keel_buf_u64(&b, size);
-      _keel_buf_str(&b, " passed for a block allocated with ");
-      _keel_buf_u64(&b, asked);
-      _keel_misuse("sdallocx", "wrong size for pointer", p, detail, 0);
-    }
+    if (size < asked || size > most) _keel_checked_wrong_size("sdallocx", p, size, asked);
     _keel_checked_free(p, "sdallocx");
     return;
   }

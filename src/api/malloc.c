@@ -199,11 +199,25 @@ API void KEEL_FN(free)(void* p) {
 }
 
 API void KEEL_FN(cfree)(void* p) { KEEL_FN(free)(p); }
-API void KEEL_FN(free_sized)(void* p, size_t size) { (void)size; KEEL_FN(free)(p); }
+/* The size (and alignment) must be those the block was asked with (C23; C++'s sized
+ * delete comes here): the checked mode, which keeps the requested size, verifies it. */
+static KEEL_COLD void checked_free_sized(void* p, size_t size, const char* call) {
+  size_t asked = _keel_checked_usable(p, call);
+  if (size != asked && !(size == 0 && asked <= 1)) _keel_checked_wrong_size(call, p, size, asked);
+  _keel_checked_free(p, call);
+}
+API void KEEL_FN(free_sized)(void* p, size_t size) {
+  if (KEEL_UNLIKELY(_keel_options.check) && p != NULL) checked_free_sized(p, size, "free_sized");
+  else KEEL_FN(free)(p);
+}
 API void KEEL_FN(free_aligned_sized)(void* p, size_t align, size_t size) {
-  (void)align;
-  (void)size;
-  KEEL_FN(free)(p);
+  if (KEEL_UNLIKELY(_keel_options.check) && p != NULL) {
+    if (align != 0 && ((uintptr_t)p & (align - 1)) != 0)
+      _keel_misuse("free_aligned_sized", "invalid pointer", p, ": not aligned as passed", 0);
+    checked_free_sized(p, size, "free_aligned_sized");
+  } else {
+    KEEL_FN(free)(p);
+  }
 }
 
 /* ---- sizes and realloc ------------------------------------------------------------- */

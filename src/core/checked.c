@@ -451,6 +451,16 @@ static size_t check_block(void* p, const char* call, uint8_t kind, guard_desc_t*
   return n;
 }
 
+void _keel_checked_wrong_size(const char* call, const void* p, size_t size, size_t asked) {
+  char detail[96];
+  keel_buf_t b = {detail, 0, sizeof detail};
+  _keel_buf_str(&b, ": size ");
+  _keel_buf_u64(&b, size);
+  _keel_buf_str(&b, " passed for a block allocated with ");
+  _keel_buf_u64(&b, asked);
+  _keel_misuse(call, "wrong size for pointer", p, detail, 0);
+}
+
 size_t _keel_checked_usable(const void* p, const char* call) {
   guard_desc_t* d;
   return check_block((void*)p, call, keel_pagemap_get(p), &d);

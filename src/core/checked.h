@@ -15,6 +15,9 @@ void* _keel_checked_alloc(size_t n, size_t align, bool zero) KEEL_INTERNAL;
 void _keel_checked_free(void* p, const char* call) KEEL_INTERNAL;
 size_t _keel_checked_usable(const void* p, const char* call) KEEL_INTERNAL;
 void* _keel_checked_realloc(void* p, size_t n) KEEL_INTERNAL;
+/* A free that names the block's size (free_sized, sized operator delete, sdallocx) with
+ * one that does not fit `asked`, the size the block was requested with: reported. */
+_Noreturn void _keel_checked_wrong_size(const char* call, const void* p, size_t size, size_t asked) KEEL_INTERNAL KEEL_COLD;
 void _keel_checked_lock_all(void) KEEL_INTERNAL;   /* fork: the quarantine lock */
 void _keel_checked_unlock_all(void) KEEL_INTERNAL;
 void _keel_checked_reset_locks(void) KEEL_INTERNAL;

@@ -218,6 +218,14 @@ static void realloc_interior(void) {
   (void)q;
 }
 
+/* C23's sized free with a size the block was not asked with. */
+void free_sized(void* p, size_t size);
+static void free_sized_wrong(void) {
+  char* p = malloc(100);
+  announce("free_sized", p);
+  free_sized(opaque(p), 64);
+}
+
 /* free of a pointer into a large block that grew in place over a freed one's units. */
 static void free_interior_large_grown(void) {
   char* a = malloc(200 << 10);
@@ -360,6 +368,7 @@ static const struct misuse_case cases[] = {
     {"realloc_freed_same_size", realloc_freed_same_size},
     {"realloc_interior", realloc_interior},
     {"free_interior_large_grown", free_interior_large_grown},
+    {"free_sized_wrong", free_sized_wrong},
     {"realloc_stack", realloc_stack},
     {"guard_overflow_write", guard_overflow_write},
     {"guard_overflow_read_page", guard_overflow_read_page},
