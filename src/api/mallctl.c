@@ -33,7 +33,9 @@ static void snap_collect(je_snap_t* o) {
   o->resident = o->s.committed + meta;
   o->mapped = o->s.mapped + meta;
   o->dirty = _keel_pageheap_dirty_bytes();
-  o->large = _keel_large_live_bytes() + o->s.huge_allocated;
+  uint64_t quarantined_small, quarantined_big; /* checked mode: freed, not allocated */
+  _keel_checked_quarantine_bytes(&quarantined_small, &quarantined_big);
+  o->large = _keel_large_live_bytes() + o->s.huge_allocated - quarantined_big;
   o->small = o->s.allocated > o->large ? o->s.allocated - o->large : 0;
   uint64_t cached[KEEL_NUM_CLASSES] = {0};
   _keel_tcache_class_counts(cached);

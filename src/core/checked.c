@@ -26,9 +26,14 @@
 static keel_lock_t q_lock KEEL_ALWAYS_BSS = KEEL_LOCK_INIT;
 keel_lock_t* const _keel_lock_quarantine = &q_lock; /* statistics (stats.c) */
 /* FIFO of freed blocks: a small block's address, or a guarded block's descriptor with
- * its low bit set. q_bytes counts the memory held, q_span the guarded address space. */
+ * its low bit set. q_bytes counts the memory held (q_big_bytes of it in large and huge
+ * blocks), q_span the guarded address space. */
 static void* quarantine[QUARANTINE_SLOTS];
-static size_t q_head, q_count, q_bytes, q_span;
+static size_t q_head, q_count, q_bytes, q_big_bytes, q_span;
+static bool is_big(void* e) {
+  uint8_t kind = keel_pagemap_get(e);
+  return kind == KEEL_KIND_LARGE || kind == KEEL_KIND_HUGE;
+}
 static uintptr_t size_secret, poison_mark;
 
 static void checked_init(void) {
@@ -339,9 +344,12 @@ static void guarded_unmap(guard_desc_t* d) {
 
 static bool is_guarded_entry(void* e) { return ((uintptr_t)e & 1) != 0; }
 static guard_desc_t* entry_desc(void* e) { return (guard_desc_t*)((uintptr_t)e & ~(uintptr_t)1); }
-static size_t entry_bytes(void* e) {
-  return is_guarded_entry(e) ? 0 : _keel_classes[keel_pagemap_get(e)].size;
-}
+static size_t entry_bytes(void* e) { return is_guarded_entry(e) ? 0 : block_usable(e, keel_pagemap_get(e)); }
+
+/* A big block (large or huge, not guarded) is poisoned on its first page and its last
+ * byte only: its free would otherwise write, and its leaving the quarantine read, every
+ * page of it. */
+static size_t poisoned_bytes(size_t usable) { return usable < _keel_page_size ? usable : _keel_page_size; }
 static size_t entry_span(void* e) { return is_guarded_entry(e) ? entry_desc(e)->map_bytes : 0; }
 
 static void release(void* p) {
@@ -355,8 +363,17 @@ static void leave_quarantine(void* e, const char* call) {
     guarded_unmap(entry_desc(e)); /* inaccessible all along: nothing to check */
     return;
   }
-  check_poison(call, e, _keel_classes[keel_pagemap_get(e)].size, false);
-  release(e);
+  uint8_t kind = keel_pagemap_get(e);
+  size_t usable = block_usable(e, kind);
+  if (kind < KEEL_NUM_CLASSES) {
+    check_poison(call, e, usable, false);
+    release(e);
+    return;
+  }
+  check_poison(call, e, poisoned_bytes(usable), false);
+  if (((unsigned char*)e)[usable - 1] != POISON) report_uaf(call, e, usable - 1);
+  if (kind == KEEL_KIND_LARGE) _keel_large_free(e, call);
+  else _keel_huge_free(e);
 }
 
 /* Queues entry e (holding `bytes` of memory and `span` of guarded address space),
@@ -371,12 +388,15 @@ static void quarantine_put(void* e, size_t bytes, size_t span, const char* call)
       quarantine[q_head] = NULL;
       q_head = (q_head + 1) % QUARANTINE_SLOTS;
       q_count--;
-      q_bytes -= entry_bytes(evicted);
+      size_t gone = entry_bytes(evicted);
+      q_bytes -= gone;
+      if (!is_guarded_entry(evicted) && is_big(evicted)) q_big_bytes -= gone;
       q_span -= entry_span(evicted);
     } else {
       quarantine[(q_head + q_count) % QUARANTINE_SLOTS] = e;
       q_count++;
       q_bytes += bytes;
+      if (!is_guarded_entry(e) && is_big(e)) q_big_bytes += bytes;
       q_span += span;
     }
     keel_unlock(&q_lock);
@@ -419,10 +439,9 @@ static size_t check_block(void* p, const char* call, uint8_t kind, guard_desc_t*
     if (kind == KEEL_KIND_FREED) _keel_misuse(call, "double free of pointer", p, NULL, 0);
     _keel_misuse(call, "invalid pointer", p, ": not the start of a block allocated by keel", 0);
   }
-  if (kind < KEEL_NUM_CLASSES && ((uintptr_t*)p)[1] == poison_mark &&
-      ((unsigned char*)p)[usable - 1] == POISON)
-    _keel_misuse(call, "double free of pointer", p, NULL, 0);
   guard_desc_t* d = kind == KEEL_KIND_HUGE ? guarded(p, usable) : NULL;
+  if (d == NULL && ((uintptr_t*)p)[1] == poison_mark && ((unsigned char*)p)[usable - 1] == POISON)
+    _keel_misuse(call, "double free of pointer", p, NULL, 0); /* in the quarantine */
   size_t n, canary_end;
   if (d != NULL) {
     if (!desc_ok(d, (uintptr_t)p + usable) || d->block != (uintptr_t)p)
@@ -490,15 +509,15 @@ void _keel_checked_free(void* p, const char* call) {
     guarded_free(p, d, call);
     return;
   }
+  size_t usable = block_usable(p, kind);
   if (kind == KEEL_KIND_LARGE || kind == KEEL_KIND_HUGE) {
     /* _keel_alloc_any may have sampled it for the heap profile, as free() forgets it. */
     if (KEEL_UNLIKELY(_keel_profiling)) _keel_profile_forget(p);
-    if (kind == KEEL_KIND_LARGE) _keel_large_free(p, call);
-    else _keel_huge_free(p);
-    return;
+    memset(p, POISON, poisoned_bytes(usable));
+    ((unsigned char*)p)[usable - 1] = POISON;
+  } else {
+    memset(p, POISON, usable);
   }
-  size_t usable = _keel_classes[kind].size;
-  memset(p, POISON, usable);
   ((uintptr_t*)p)[1] = poison_mark;
   quarantine_put(p, usable, 0, call);
 }
@@ -519,9 +538,9 @@ KEEL_HOT void _keel_checked_lock_all(void) { keel_lock(&q_lock); }
 KEEL_HOT void _keel_checked_unlock_all(void) { keel_unlock(&q_lock); }
 KEEL_HOT void _keel_checked_reset_locks(void) { q_lock = (keel_lock_t)KEEL_LOCK_INIT; }
 
-uint64_t _keel_checked_quarantine_bytes(void) {
+void _keel_checked_quarantine_bytes(uint64_t* small, uint64_t* big) {
   keel_lock(&q_lock);
-  uint64_t n = q_bytes;
+  *small = q_bytes - q_big_bytes;
+  *big = q_big_bytes;
   keel_unlock(&q_lock);
-  return n;
 }

@@ -4,6 +4,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/base.h"
 
@@ -18,6 +19,9 @@ void* _keel_checked_realloc(void* p, size_t n) KEEL_INTERNAL;
 /* A free that names the block's size (free_sized, sized operator delete, sdallocx) with
  * one that does not fit `asked`, the size the block was requested with: reported. */
 _Noreturn void _keel_checked_wrong_size(const char* call, const void* p, size_t size, size_t asked) KEEL_INTERNAL KEEL_COLD;
+/* Bytes of freed blocks the quarantine holds: of small blocks, and of large and huge
+ * ones (statistics: they are cached, not allocated). */
+void _keel_checked_quarantine_bytes(uint64_t* small, uint64_t* big) KEEL_INTERNAL;
 void _keel_checked_lock_all(void) KEEL_INTERNAL;   /* fork: the quarantine lock */
 void _keel_checked_unlock_all(void) KEEL_INTERNAL;
 void _keel_checked_reset_locks(void) KEEL_INTERNAL;

@@ -6,7 +6,6 @@
 #define LOCK_KINDS 8 /* entries of keel_stats_locks */
 
 uint64_t _keel_large_live_bytes(void);
-uint64_t _keel_checked_quarantine_bytes(void);
 
 /* A class without slabs has no blocks anywhere (a block in a cache keeps its slab), so
  * there is nothing to report, and taking its lock would write to its line of
@@ -39,13 +38,17 @@ void _keel_stats_collect(keel_stats_t* out) {
   uint64_t in_caches = 0;
   _keel_tcache_stats(out, &in_caches);
   /* Freed blocks held in the checked mode's quarantine are cached, not allocated. */
-  uint64_t cached = transfer + in_caches + _keel_checked_quarantine_bytes();
+  uint64_t quarantined_small, quarantined_big;
+  _keel_checked_quarantine_bytes(&quarantined_small, &quarantined_big);
+  uint64_t cached = transfer + in_caches + quarantined_small;
   uint64_t large = _keel_large_live_bytes();
   out->allocated = (in_slabs > cached ? in_slabs - cached : 0) + large;
   out->active = slab_bytes + large;
   out->cached = cached;
   _keel_pageheap_stats(out);
   _keel_huge_stats(out); /* adds huge blocks to allocated/active/mapped/committed */
+  out->allocated = out->allocated > quarantined_big ? out->allocated - quarantined_big : 0;
+  out->cached += quarantined_big;
   out->metadata += _keel_meta_bytes();
   out->purged_bytes += _keel_central_trimmed_bytes();
   out->os_page_size = _keel_page_size;

@@ -218,6 +218,19 @@ static void realloc_interior(void) {
   (void)q;
 }
 
+/* A big block freed twice with a block of its size allocated in between, which would
+ * take its units or mapping again where it did not wait in the quarantine. */
+static void double_free_big_reused(void) {
+  for (size_t n = (size_t)256 << 10; n <= ((size_t)16 << 20); n *= 8) {
+    char* a = malloc(n);
+    free(opaque(a));
+    char* b = malloc(n);
+    (void)opaque(b);
+    announce("free", a);
+    free(opaque(a));
+  }
+}
+
 /* C23's sized free with a size the block was not asked with. */
 void free_sized(void* p, size_t size);
 static void free_sized_wrong(void) {
@@ -369,6 +382,7 @@ static const struct misuse_case cases[] = {
     {"realloc_interior", realloc_interior},
     {"free_interior_large_grown", free_interior_large_grown},
     {"free_sized_wrong", free_sized_wrong},
+    {"double_free_big_reused", double_free_big_reused},
     {"realloc_stack", realloc_stack},
     {"guard_overflow_write", guard_overflow_write},
     {"guard_overflow_read_page", guard_overflow_read_page},
