@@ -4,6 +4,8 @@ Set-up, as preexec_fn: pdeathsig (SIGTERM to the child if the lab dies), thp_dis
 The lab's one place for killing processes:
     stop(p)          a child started with start_new_session=True: its whole process group
                      (SIGTERM, SIGKILL after a grace period), reaped;
+    run_group(argv)  subprocess.run for a set-up command that starts helpers of its own,
+                     in a group of its own that stop() ends, whatever ends the wait;
     kill_pids(pids)  processes known by pid (a stopped server's leftover children): a
                      moment to exit, then SIGTERM, then SIGKILL.
 """
@@ -63,6 +65,20 @@ def stop(p: subprocess.Popen, grace: float = 3.0) -> None:
         p.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
+
+
+def run_group(argv: Sequence[str], timeout: float, **popen_kw) -> int:
+    """Runs argv to its end and returns its exit status, as subprocess.run, but in a
+    process group of its own that is stopped whole however the wait ends: a timeout
+    (TimeoutExpired is raised after), Ctrl-C, SIGTERM turned into an exception, and the
+    stragglers of a normal end. mariadb-install-db's bootstrap server and initdb's backend
+    are children of the command's own children, which outlived a plain run's kill of
+    the command alone and went on writing into a directory being removed."""
+    p = subprocess.Popen(list(argv), start_new_session=True, **popen_kw)
+    try:
+        return p.wait(timeout=timeout)
+    finally:
+        stop(p)
 
 
 def _kill_group(pgid: int, sig: int) -> None:

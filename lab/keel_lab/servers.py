@@ -551,17 +551,16 @@ class MariaDBServer(Server):
         log = self.run_dir / "install-db.log"
         with open(log, "wb") as fh:
             try:
-                r = subprocess.run(
+                rc = procs.run_group(
                     [install, "--no-defaults", *self._user_opt(), f"--datadir={data}",
                      "--auth-root-authentication-method=normal", "--skip-test-db",
                      f"--innodb-buffer-pool-size={self.buffer_pool}", "--innodb-log-file-size=64M"],
-                    stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, timeout=180,
+                    timeout=180, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
                     cwd=str(self.dir), preexec_fn=procs.pdeathsig)
             except subprocess.TimeoutExpired:
                 raise SuiteError(f"mariadb-install-db timed out after 180s\n{log_tail(log)}") from None
-        if r.returncode != 0:
-            raise SuiteError(f"mariadb-install-db failed ({describe_status(r.returncode)})\n"
-                             f"{log_tail(log)}")
+        if rc != 0:
+            raise SuiteError(f"mariadb-install-db failed ({describe_status(rc)})\n{log_tail(log)}")
 
     def _argv(self) -> list[str]:
         d = self.run_dir
@@ -661,15 +660,15 @@ class PostgresServer(Server):
         env.pop("LD_PRELOAD", None)
         with open(log, "wb") as fh:
             try:
-                r = subprocess.run([initdb, "-D", str(self.run_dir / "data"), "-U", self.dbuser, "-A",
-                                    "trust", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync"],
-                                   env=env, stdin=subprocess.DEVNULL, stdout=fh,
-                                   stderr=subprocess.STDOUT, timeout=180, cwd=str(self.dir),
-                                   preexec_fn=procs.pdeathsig, **kw)
+                rc = procs.run_group([initdb, "-D", str(self.run_dir / "data"), "-U", self.dbuser, "-A",
+                                      "trust", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync"],
+                                     timeout=180, env=env, stdin=subprocess.DEVNULL, stdout=fh,
+                                     stderr=subprocess.STDOUT, cwd=str(self.dir),
+                                     preexec_fn=procs.pdeathsig, **kw)
             except subprocess.TimeoutExpired:
                 raise SuiteError(f"initdb timed out after 180s\n{log_tail(log)}") from None
-        if r.returncode != 0:
-            raise SuiteError(f"initdb failed ({describe_status(r.returncode)})\n{log_tail(log)}")
+        if rc != 0:
+            raise SuiteError(f"initdb failed ({describe_status(rc)})\n{log_tail(log)}")
 
     def _argv(self) -> list[str]:
         settings = {"listen_addresses": "127.0.0.1", "shared_buffers": self.shared_buffers,

@@ -47,6 +47,25 @@ def test_stop_of_an_exited_leader_kills_what_it_left():
     _wait_for(lambda: not pid_running(left))
 
 
+def test_run_group_ends_what_the_command_started(tmp_path):
+    # A set-up command whose child goes on writing (mariadb-install-db's bootstrap
+    # server): a timeout, like Ctrl-C, must stop that child too, not only the command.
+    mark = tmp_path / "still-writing"
+    pidfile = tmp_path / "child"
+    script = f'(echo $BASHPID > "{pidfile}"; while :; do : > "{mark}"; sleep 0.05; done) & wait'
+    t = time.monotonic()
+    try:
+        procs.run_group(["bash", "-c", script], timeout=0.5)
+    except subprocess.TimeoutExpired:
+        pass
+    else:
+        raise AssertionError("the command was expected to time out")
+    assert time.monotonic() - t < 10
+    child = int(pidfile.read_text())
+    _wait_for(lambda: not pid_running(child))
+    assert procs.run_group(["sh", "-c", "exit 3"], timeout=10) == 3
+
+
 def test_kill_pids_escalates_to_sigkill():
     p = subprocess.Popen([sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE)
     try:
