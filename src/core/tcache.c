@@ -277,6 +277,26 @@ static keel_tcache_t* tcache_or_young(void) {
   return tcache_create();
 }
 
+/* free's slow path of a thread on the empty cache. A thread whose first calls are frees
+ * may be one that glibc is tearing down after its key destructors ran: it frees the
+ * thread's DTV there, and those of the cached stacks it evicts. Registered then, the
+ * thread would never be counted out, and a cache given to it would keep a pointer into
+ * its freed TLS, through which the purger later writes. So a free registers a thread only
+ * once it has made YOUNG_OPS of them, gives it no cache in that call, and never the
+ * early one (a waiting spare, the profiler's): only a live thread frees that much. */
+static keel_tcache_t* tcache_for_free(void) {
+  if (thread_state == THREAD_NEW) {
+    if (young_ops < YOUNG_OPS) young_ops++;
+    else thread_register(); /* its cache at a later call */
+    return NULL;
+  }
+  if (thread_state == THREAD_YOUNG && young_ops < YOUNG_OPS) {
+    young_ops++;
+    return NULL;
+  }
+  return tcache_or_young();
+}
+
 /* The first n blocks of bin cls go back to the central lists (n at most its count). */
 static void bin_hand_front(keel_tcache_t* t, unsigned cls, uint32_t n) {
   keel_bin_set_first(t, cls, _keel_central_give_front(cls, keel_bin_first(t, cls), n));
@@ -482,7 +502,7 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, size_t borrow_for)
 }
 
 void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
-  if (t == &_keel_tc_empty) t = tcache_or_young();
+  if (t == &_keel_tc_empty) t = tcache_for_free();
   if (t != NULL) mark_active(t);
   if (t == NULL || t->bin[cls].max == 0) { /* cacheless, or an uncached class */
     _keel_central_give(cls, keel_freed_one(p), 1);
