@@ -169,6 +169,10 @@ API size_t xallocx(void* p, size_t size, size_t extra, int flags) {
     now = hi_u;
   }
   if ((flags & JE_ZERO) && now > old) memset((char*)p + old, 0, now - old);
+  if (now != old && _keel_profiling) { /* its record names the old size: sampled afresh */
+    _keel_profile_forget(p);
+    _keel_profile_sample_big(p, now);
+  }
   return now;
 }
 

@@ -427,6 +427,9 @@ void* _keel_checked_alloc(size_t n, size_t align, bool zero) {
   else memset(p, 0xAA, n < 64 ? n : 64); /* never hand out the poison mark as data */
   memset(p + n, CANARY, usable - sizeof(uintptr_t) - n);
   *size_word(p, usable) = (uintptr_t)n ^ size_secret;
+  /* Not through a bin, so no countdown sampled it: the byte countdown does, by the size
+   * asked (the checked free forgets it as any free does). */
+  if (KEEL_UNLIKELY(_keel_profiling) && kind < KEEL_NUM_CLASSES) _keel_profile_sample_big(p, n);
   return p;
 }
 
@@ -510,9 +513,9 @@ void _keel_checked_free(void* p, const char* call) {
     return;
   }
   size_t usable = block_usable(p, kind);
+  /* Sampled for the heap profile: by _keel_alloc_any's big tiers, or above. */
+  if (KEEL_UNLIKELY(_keel_profiling)) _keel_profile_forget(p);
   if (kind == KEEL_KIND_LARGE || kind == KEEL_KIND_HUGE) {
-    /* _keel_alloc_any may have sampled it for the heap profile, as free() forgets it. */
-    if (KEEL_UNLIKELY(_keel_profiling)) _keel_profile_forget(p);
     memset(p, POISON, poisoned_bytes(usable));
     ((unsigned char*)p)[usable - 1] = POISON;
   } else {

@@ -5,7 +5,10 @@
  * instruction that counts the pop (keel_bin_t), and leaves the fast path once every 2^15
  * pops to start the countdown's next stage; nothing else. When on, the countdown is set
  * to about N / block-size pops; when it runs out the allocation is served from a
- * "sampled slab" of the same class instead, and its stack is recorded. Sampled slabs are
+ * "sampled slab" of the same class instead, and its stack is recorded with the class's
+ * block size (what the sampling chance depends on). Countdowns are exponential draws
+ * (pops: rounded up), so a block of s bytes is sampled with chance 1 - e^(-s/N), which
+ * is what pprof assumes when it scales each sample back up. Sampled slabs are
  * tagged in the page map, so only the free of a sampled block leaves the fast path to
  * drop its record; ordinary frees are untouched. Large and huge blocks are sampled on
  * their own slow paths with a per-thread byte countdown.
@@ -19,7 +22,8 @@
 
 typedef struct sample_s {
   uintptr_t ptr; /* 0: empty slot; 1: deleted */
-  uint64_t size; /* bytes the program asked for */
+  uint64_t size;   /* bytes sampled: a small block's class size, a big block's request */
+  uint64_t weight; /* the heap bytes it stands for: size / (1 - e^(-size/rate)) */
   uint32_t depth;
   uint32_t pad;
   void* stack[DEPTH];
@@ -31,7 +35,8 @@ keel_lock_t* const _keel_lock_profile = &prof_lock; /* statistics (stats.c) */
 static sample_t* table;      /* open addressing by pointer */
 static size_t table_cap, table_used, table_deleted;
 static uint64_t live_bytes, live_count, total_samples;
-static uint64_t dumps, last_dump_count;
+static uint64_t live_weight, last_dump_weight; /* estimated heap bytes (growth dumps) */
+static uint64_t dumps;
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static uintptr_t self_lo, self_hi; /* Keel's own code: dropped from stacks */
 static _Thread_local bool in_profiler;
@@ -46,16 +51,50 @@ KEEL_HOT static uint64_t next_random(void) {
   return x;
 }
 
-/* A sampling interval with mean `mean`: uniform on [1, 2*mean-1]. */
-KEEL_HOT static uint64_t draw(uint64_t mean) {
-  if (mean <= 1) return 1;
-  return 1 + next_random() % (2 * mean - 1);
+/* -ln(u) for a uniform u in (0, 1]: an exponential draw of mean 1. ln(m) for the
+ * mantissa m in [1, 2) by the series of 2 atanh((m-1)/(m+1)) to its 9th power (error
+ * below 1e-5); no libm. */
+static double exp_draw(void) {
+  union {
+    double d;
+    uint64_t i;
+  } u = {.d = ((double)(next_random() >> 11) + 1.0) * 0x1p-53};
+  int e = (int)((u.i >> 52) & 0x7FF) - 1023;
+  u.i = (u.i & 0x000FFFFFFFFFFFFFull) | 0x3FF0000000000000ull;
+  double t = (u.d - 1.0) / (u.d + 1.0), t2 = t * t;
+  double ln_m = 2.0 * t * (1.0 + t2 * (1.0 / 3 + t2 * (1.0 / 5 + t2 * (1.0 / 7 + t2 / 9))));
+  return -((double)e * 0.6931471805599453 + ln_m);
 }
 
+/* e^(-x) for x >= 0: 2^(-x log2 e), the fraction's power by its Taylor series. */
+static double exp_neg(double x) {
+  double y = x * 1.4426950408889634;
+  if (y > 64) return 0;
+  int k = (int)y;
+  double f = (y - k) * 0.6931471805599453; /* 2^-(y-k) = e^-f */
+  double ef = 1 - f * (1 - f / 2 * (1 - f / 3 * (1 - f / 4 * (1 - f / 5 * (1 - f / 6)))));
+  while (k-- > 0) ef *= 0.5;
+  return ef;
+}
+
+/* The heap bytes a sample of `size` bytes stands for at the sampling rate. */
+static uint64_t weight_of(uint64_t size, uint64_t rate) {
+  double p = 1 - exp_neg((double)size / (double)rate);
+  return p > 0 ? (uint64_t)((double)size / p) : rate;
+}
+
+/* Pops of a class until its next sample: the exponential draw in units of rate/size,
+ * rounded up (a geometric draw: each pop samples with chance 1 - e^(-size/rate)). */
 KEEL_HOT uint32_t _keel_profile_first_countdown(unsigned cls) {
   if (!_keel_profiling) return UINT32_MAX;
-  uint64_t d = draw(keel_opt(profile_rate) / _keel_classes[cls].size);
-  return d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
+  double d = exp_draw() * (double)keel_opt(profile_rate) / (double)_keel_classes[cls].size + 1.0;
+  return d >= (double)UINT32_MAX ? UINT32_MAX : (uint32_t)d;
+}
+
+/* Bytes of big blocks until the thread's next sample. */
+static int64_t big_draw(void) {
+  double d = exp_draw() * (double)keel_opt(profile_rate) + 1.0;
+  return d >= 0x1p62 ? (int64_t)1 << 62 : (int64_t)d;
 }
 
 /* The thread caches' hook (_keel_tcache_sampling): a new cache's bins start counting
@@ -73,7 +112,6 @@ KEEL_HOT void _keel_profile_init(void) {
   _keel_profiling = true;
   __atomic_store_n(&_keel_tcache_sampling, start_countdowns, __ATOMIC_RELAXED);
   rng ^= _keel_prim_random();
-  big_left = (int64_t)draw(keel_opt(profile_rate));
   _keel_prim_code_range((const void*)&_keel_profile_init, &self_lo, &self_hi);
 }
 
@@ -120,10 +158,12 @@ static void record(void* p, size_t n) {
   sample_t* s = &table[j];
   s->ptr = (uintptr_t)p;
   s->size = n;
+  s->weight = weight_of(n, keel_opt(profile_rate));
   s->depth = 0;
   for (int i = first; i < got && s->depth < DEPTH; i++) s->stack[s->depth++] = raw[i];
   table_used++;
   live_bytes += n;
+  live_weight += s->weight;
   live_count++;
   total_samples++;
   keel_unlock(&prof_lock);
@@ -150,7 +190,8 @@ KEEL_HOT void* _keel_profile_countdown_expired(keel_tcache_t* t, unsigned cls, v
    * bin has no room for it. */
   _keel_tcache_free_slow(t, p, cls);
   q[1] = NULL;
-  record(q, n ? n : 1);
+  (void)n;
+  record(q, _keel_classes[cls].size); /* the size its chance of being sampled went by */
   return q;
 }
 
@@ -163,9 +204,10 @@ KEEL_HOT void* _keel_profile_countdown_expired_at(size_t n, void* p, const uintp
 }
 
 void _keel_profile_sample_big(void* p, size_t n) {
+  if (KEEL_UNLIKELY(big_left == 0)) big_left = big_draw(); /* the thread's first */
   big_left -= (int64_t)n;
   if (big_left > 0) return;
-  big_left = (int64_t)draw(keel_opt(profile_rate));
+  big_left = big_draw();
   record(p, n);
 }
 
@@ -176,6 +218,7 @@ void _keel_profile_forget(void* p) {
     if (table[j].ptr == 0) break;
     if (table[j].ptr == (uintptr_t)p) {
       live_bytes -= table[j].size;
+      live_weight -= table[j].weight;
       live_count--;
       table[j].ptr = 1; /* deleted: keeps probe chains intact */
       table_used--;
@@ -271,7 +314,7 @@ static bool dump_fd(int fd) {
     _keel_buf_str(&b, "\n");
     put(fd, &b);
   }
-  last_dump_count = live_count;
+  last_dump_weight = live_weight;
   dumps++;
   keel_unlock(&prof_lock);
   if (lines) _keel_prim_unmap(lines, map_bytes);
@@ -310,10 +353,9 @@ static void dump_named(const char* tag) {
 __attribute__((no_sanitize("thread"))) KEEL_HOT void _keel_profile_tick(void) {
   uint64_t growth = keel_opt(profile_growth);
   if (!_keel_profiling || growth == 0) return;
-  /* Each live sample stands for about `rate` bytes of the heap. */
-  uint64_t count = __atomic_load_n(&live_count, __ATOMIC_RELAXED);
-  if (count > last_dump_count &&
-      (count - last_dump_count) * keel_opt(profile_rate) >= growth) {
+  /* What the live samples stand for: a big block for about its own size. */
+  uint64_t weight = __atomic_load_n(&live_weight, __ATOMIC_RELAXED);
+  if (weight > last_dump_weight && weight - last_dump_weight >= growth) {
     char tag[24];
     keel_buf_t b = {tag, 0, sizeof tag};
     _keel_buf_u64(&b, dumps);

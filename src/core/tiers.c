@@ -116,18 +116,20 @@ size_t _keel_usable_size(const void* p, const char* call) {
 
 /* A large block grows or shrinks in place (whole units, n within the large tier); a huge
  * one, asked for more than the large tier holds, is resized through its mapping and may
- * move. Either way it is no longer a heap-profile sample: the record would keep the old
- * size. One function for realloc and rallocx, so the two cannot drift apart. */
+ * move. Either way its heap-profile record goes (it names the old size, perhaps the old
+ * address) and the block is sampled afresh, as a new one of n bytes. One function for
+ * realloc and rallocx, so the two cannot drift apart. */
 void* _keel_realloc_big(void* p, uint8_t kind, size_t n, bool zero) {
+  void* q = NULL;
   if (kind == KEEL_KIND_LARGE) {
     if (_keel_profiling) _keel_profile_forget(p);
-    return _keel_large_realloc(p, n);
-  }
-  if (kind == KEEL_KIND_HUGE && n > KEEL_LARGE_MAX) {
+    q = _keel_large_realloc(p, n);
+  } else if (kind == KEEL_KIND_HUGE && n > KEEL_LARGE_MAX) {
     if (_keel_profiling) _keel_profile_forget(p);
-    return _keel_huge_realloc(p, n, zero);
+    q = _keel_huge_realloc(p, n, zero);
   }
-  return NULL;
+  if (q != NULL && _keel_profiling) _keel_profile_sample_big(q, n);
+  return q;
 }
 
 static size_t keel_round_up(size_t n, size_t a) { return (n + a - 1) & ~(a - 1); }
