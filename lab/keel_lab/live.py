@@ -1,8 +1,8 @@
 """Reading a running Keel process's statistics from outside, without stopping it.
 
 A process under Keel (after its first second) has /dev/shm/keel-<pid>, mode 0600, laid
-out as below (layout version 8, little-endian; see src/core/publish.c and docs/design.md
-"Statistics another process can read"; layouts 2 to 7 are still read). A reader bumps
+out as below (layout version 9, little-endian; see src/core/publish.c and docs/design.md
+"Statistics another process can read"; layouts 2 to 8 are still read). A reader bumps
 `request`; the process's purger thread refreshes the figures within ~250 ms under a
 sequence lock and copies `request` to `answered`. `purge_request` works the same way
 and makes the process return its free memory to the OS.

@@ -601,6 +601,8 @@ void _keel_prim_publish_remove(const char* name) {
  * malloc's purger, which must not). A pid is taken as ended when kill(pid, 0) says no
  * such process; a process in another pid namespace sharing this /dev/shm would look
  * ended, hence the owner test (a container's user is rarely the host's). */
+static bool publish_file_mapped(int dir, const char* name, int pid);
+
 void _keel_prim_publish_sweep(const char* prefix) {
   int saved = errno;
   int dir = open(SHM_DIR, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -623,11 +625,15 @@ void _keel_prim_publish_sweep(const char* prefix) {
       const char* c = d->name + plen;
       uint64_t pid = parse_number(&c, 10);
       if (*c != 0 || pid == 0 || pid >= (1u << 30)) continue;
-      if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+      bool alive = kill((pid_t)pid, 0) == 0 || errno != ESRCH;
       struct stat st;
       if (fstatat(dir, d->name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != geteuid() ||
           !S_ISREG(st.st_mode))
         continue;
+      /* A live pid keeps its file while it maps it: not once it exec'd a program without
+       * Keel, nor a new process that got the number. A file made in the last seconds may
+       * not be mapped yet. */
+      if (alive && !(time(NULL) - st.st_mtime > 5 && !publish_file_mapped(dir, d->name, (int)pid))) continue;
       unlinkat(dir, d->name, 0);
     }
   }
@@ -1064,6 +1070,15 @@ PRIM_COLD static bool maps_line_is(const char* s, const char* end, dev_t dev, in
   if (*s++ != ' ') return false;
   uint64_t inode = parse_number(&s, 10);
   return inode == (uint64_t)ino && dev_major == (uint64_t)major(dev) && dev_minor == (uint64_t)minor(dev);
+}
+
+/* Whether process pid maps the file `name` of directory dir. */
+static bool publish_file_mapped(int dir, const char* name, int pid) {
+  int fd = openat(dir, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return true; /* (gone, or not ours to judge) */
+  bool mapped = _keel_prim_process_maps(pid, fd);
+  close(fd);
+  return mapped;
 }
 
 PRIM_COLD bool _keel_prim_process_maps(int pid, int fd) {

@@ -44,20 +44,26 @@ expect_lines "env: bad KEEL_PROFILE_RATE" 1 '^keel: .*ignoring bad value \(want 
 expect_lines "env: long KEEL_PROFILE_PREFIX" 1 '^keel: .*ignoring a value longer than 199 bytes of KEEL_PROFILE_PREFIX$'
 expect_lines "env: nothing else" 4 '^keel:'
 
-# The api run publishes its statistics file, and before that sweeps the files of ended
-# processes of this user: one for a process that has just ended must go, one for a
-# live process (this shell) must stay.
+# The api run publishes its statistics file, and before that sweeps the files nobody
+# serves: one for a process that has just ended must go, and one for a live process that
+# does not map it (this shell: as a process that exec'd a program without Keel) once it
+# is a minute old; one a live process made a moment ago may not be mapped yet, and stays.
 true &
 dead=$!
 wait $dead
-stale=/dev/shm/keel-$dead live=/dev/shm/keel-$$
+sleep 60 &
+sleeper=$!
+stale=/dev/shm/keel-$dead unmapped=/dev/shm/keel-$$ fresh=/dev/shm/keel-$sleeper
 : >"$stale"
-: >"$live"
-trap 'rm -f "$err" "$stale" "$live"' EXIT
+: >"$unmapped"
+touch -d '-1 minute' "$unmapped"
+: >"$fresh"
+trap 'rm -f "$err" "$stale" "$unmapped" "$fresh"; kill $sleeper 2>/dev/null' EXIT
 run api
 expect_lines "api: warnings only from keel_conf" 2 '^keel:'
 if [[ -e $stale ]]; then echo "FAIL: $stale (an ended process's file) was not swept"; fail=1; fi
-if [[ ! -e $live ]]; then echo "FAIL: $live (a live process's file) was swept"; fail=1; fi
+if [[ -e $unmapped ]]; then echo "FAIL: $unmapped (a live process's file it does not map) was not swept"; fail=1; fi
+if [[ ! -e $fresh ]]; then echo "FAIL: $fresh (a file just made) was swept"; fail=1; fi
 
 ((fail == 0)) && echo "run_options: all modes passed"
 exit $fail
