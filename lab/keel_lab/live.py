@@ -264,6 +264,9 @@ def profile(pid: int, timeout: float = 30.0) -> str:
     if not path:
         raise LiveError(f"process {pid} is not profiling: start it with KEEL_PROFILE_RATE "
                         f"(e.g. KEEL_PROFILE_RATE=512K) to record allocation stacks")
+    if path.startswith("!"):
+        raise LiveError(f"process {pid} could not write its heap profile to {path[1:]}: "
+                        f"check KEEL_PROFILE_PREFIX (a directory it can write to)")
     return path
 
 

@@ -178,6 +178,17 @@ def test_profile_requires_profiling(hog, keel_path):
         stop(p)
 
 
+def test_profile_that_cannot_be_written_is_named(hog, keel_path, tmp_path):
+    where = tmp_path / "no-such-dir" / "prof"
+    p = start_under_keel(hog, keel_path, {"KEEL_PROFILE_RATE": "256K", "KEEL_PROFILE_PREFIX": str(where),
+                                           "KEEL_PROFILE_AT_EXIT": "0"})
+    try:
+        r = keel("profile", str(p.pid))
+        assert r.returncode == 1 and "could not write" in r.stderr and str(where) in r.stderr, r.stderr
+    finally:
+        stop(p)
+
+
 def test_errors_are_clear(hog):
     r = keel("stats", "999999")
     assert r.returncode == 1 and "no process with PID 999999" in r.stderr

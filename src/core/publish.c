@@ -193,8 +193,13 @@ static KEEL_COLD void answer_profile(keel_published_t* p, uint64_t prof) {
     keel_buf_t t = {tag, 0, sizeof tag};
     _keel_buf_str(&t, "req");
     _keel_buf_u64(&t, prof);
-    _keel_profile_path(path, sizeof path, tag);
-    if (!_keel_profile_dump_to(path)) path[0] = 0;
+    /* A path the dump failed to write is answered with '!' before it: the process does
+     * profile, and its reader says where it could not write. */
+    _keel_profile_path(path + 1, sizeof path - 1, tag);
+    bool written = _keel_profile_dump_to(path + 1);
+    if (!written) _keel_warn("cannot write heap profile ", path + 1);
+    path[0] = written ? ' ' : '!';
+    if (written) memmove(path, path + 1, sizeof path - 1);
   }
   memcpy(p->profile_path, path, sizeof path);
   __atomic_store_n(&p->profile_answered, prof, __ATOMIC_RELEASE);
