@@ -80,7 +80,7 @@ def cmd_allocators(args) -> int:
 
 
 def cmd_which(args) -> int:
-    from .which import WhichError, inspect_command, inspect_pid, predict_command
+    from .which import Terminated, WhichError, inspect_command, inspect_pid, predict_command
     try:
         if args.command:
             if args.no_run:
@@ -101,11 +101,39 @@ def cmd_which(args) -> int:
     except WhichError as e:
         err(str(e))
         return EXIT_FAIL
+    except Terminated as e:
+        import signal
+        err(f"{signal.Signals(e.signum).name}: stopped the command and what it started")
+        return 128 + e.signum
     if args.json:
         print(json.dumps(res.to_dict(), indent=1))
     else:
         print(res.render())
     return EXIT_OK
+
+
+def _glibc_preload(cmd0: str, env: dict) -> Optional[str]:
+    """glibc asked for, but the program links another allocator itself (Debian's
+    redis-server: libjemalloc), which would serve malloc with nothing preloaded: the
+    libc.so.6 to preload so that glibc's malloc comes first (as keel bench does, see
+    servers.Server._choose_preload), with a line on stderr saying so. None when nothing
+    needs preloading (or the program cannot be checked)."""
+    import shutil
+    from .deploy import own_allocators
+    prog = cmd0 if "/" in cmd0 else shutil.which(cmd0, path=env.get("PATH", os.defpath))
+    if not prog or not os.path.isfile(prog):
+        return None
+    own, libc = own_allocators(prog)
+    if not own:
+        return None
+    if not libc:
+        print(f"keel: warning: {cmd0} links {', '.join(own)} itself and its C library was not "
+              f"found (ldd): it runs on {', '.join(own)}, not glibc", file=sys.stderr)
+        return None
+    print(f"keel: {cmd0} links {', '.join(own)} itself, which would serve malloc with nothing "
+          f"preloaded: running it with LD_PRELOAD={libc} so that glibc's malloc does",
+          file=sys.stderr)
+    return libc
 
 
 def cmd_run(args) -> int:
@@ -118,8 +146,13 @@ def cmd_run(args) -> int:
         err(str(e))
         return EXIT_USAGE
     env = a.env()
+    preload = a.path
+    if a.path is None:
+        preload = _glibc_preload(args.command[0], env)
+        if preload:
+            env["LD_PRELOAD"] = preload
     if args.verbose:
-        how = " ".join([f"LD_PRELOAD={a.path}" if a.path else "no LD_PRELOAD",
+        how = " ".join([f"LD_PRELOAD={preload}" if preload else "no LD_PRELOAD",
                         *(f"{k}={v}" for k, v in a.extra_env)])
         print(f"keel: running under {a.name} ({how}): "
               f"{shlex.join(args.command)}", file=sys.stderr)
@@ -336,8 +369,10 @@ loaded objects (/proc/PID/mem, needs root or the same user), and the ELF files.
 
     r = sub.add_parser("run", formatter_class=fmt, help="run a command under an allocator",
                        description="""\
-Runs a command with LD_PRELOAD set to the allocator (glibc: LD_PRELOAD removed). The
-command replaces keel (exec), so its exit status is the command's.
+Runs a command with LD_PRELOAD set to the allocator (glibc: LD_PRELOAD removed, or set
+to the C library when the program links another allocator itself, as Debian's
+redis-server links libjemalloc). The command replaces keel (exec), so its exit status is
+the command's.
 
   keel run --allocator keel -- redis-server --port 7000
   keel run --allocator /opt/keel/libkeel.so -- ./myprogram""")

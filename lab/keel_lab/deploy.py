@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import glob
 import os
+import re
+import shutil
 import stat
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,6 +252,75 @@ def _mysqld_safe_mesh() -> list[str]:
     ]
 
 
+def unit_program(unit: str) -> Optional[str]:
+    """The program a systemd unit's ExecStart= runs (systemctl show), None if unknown
+    (no such unit, or no systemd here)."""
+    try:
+        r = subprocess.run(["systemctl", "show", "-p", "ExecStart", "--value", unit],
+                           capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"\bpath=(\S+)", r.stdout) if r.returncode == 0 else None
+    return m.group(1) if m and os.path.isfile(m.group(1)) else None
+
+
+def target_program(target: str, unit: Optional[str] = None,
+                   pg_version: Optional[str] = None) -> Optional[str]:
+    """The server program the snippet is for, on this machine: the unit's ExecStart=,
+    else where Debian installs it; None if it is not found here."""
+    if target in ("systemd", "redis", "mariadb") and unit:
+        prog = unit_program(unit)
+        if prog:
+            return prog
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/local/bin",
+                            "/usr/sbin", "/usr/bin"])
+    names = {"redis": ["redis-server"], "mariadb": ["mariadbd", "mysqld"]}.get(target, [])
+    for n in names:
+        found = shutil.which(n, path=path)
+        if found:
+            return found
+    if target == "postgres" and pg_version:
+        cand = f"/usr/lib/postgresql/{pg_version}/bin/postgres"
+        if os.path.isfile(cand):
+            return cand
+    return None
+
+
+def own_allocators(program: str) -> tuple[list[str], Optional[str]]:
+    """(other allocators the program links itself, its libc.so.6) from ldd, through
+    servers.linked_mallocs and linked_libc, with LD_PRELOAD out of ldd's environment (a
+    library preloaded into keel would otherwise show up as the program's own)."""
+    from .servers import linked_libc, linked_mallocs
+    saved = os.environ.pop("LD_PRELOAD", None)
+    try:
+        own = linked_mallocs(program)
+        return own, (linked_libc(program) if own else None)
+    finally:
+        if saved is not None:
+            os.environ["LD_PRELOAD"] = saved
+
+
+def glibc_preload(program: Optional[str]) -> tuple[Optional[str], list[str]]:
+    """For 'glibc': (the libc to preload, why) when the program links another allocator
+    itself (Debian's redis-server: libjemalloc), which would otherwise serve malloc
+    with nothing preloaded; (None, []) when nothing needs preloading. The same rule as
+    the bench's (servers.Server._choose_preload)."""
+    if not program:
+        return None, []
+    own, libc = own_allocators(program)
+    if not own:
+        return None, []
+    if not libc:
+        return None, [f"# WARNING: {program} links {', '.join(own)} itself, and its C library "
+                      "was not found (ldd): with nothing preloaded it runs on that allocator, "
+                      "not glibc"]
+    return libc, [
+        f"# {program} links {', '.join(own)} itself: with nothing preloaded that",
+        "# allocator serves malloc, not glibc. Preloading the C library puts glibc's malloc",
+        "# first in the lookup order (what keel bench measures as 'glibc').",
+    ]
+
+
 def pg_clusters() -> list[str]:
     return sorted("/".join(Path(p).parts[-2:]) for p in glob.glob("/etc/postgresql/*/*")
                   if Path(p, "postgresql.conf").exists())
@@ -275,8 +347,19 @@ def snippet(name: str, target: str, unit: Optional[str] = None,
         path = os.path.abspath(path)
         if not os.path.isfile(path):
             raise DeployError(f"{path} does not exist")
+    why_libc: list[str] = []
+    if path is None:
+        # glibc: nothing to preload, unless the program brings its own allocator
+        pg_ver = None
+        if target == "postgres":
+            pg_ver = (unit or (pg_clusters() or ["15/main"])[0]).replace("-", "/", 1)
+            pg_ver = pg_ver.removeprefix("postgresql@").split("/", 1)[0]
+        u = unit or {"redis": "redis-server", "mariadb": "mariadb"}.get(target)
+        u = unit_name(u) if u and target != "postgres" else None
+        path, why_libc = glibc_preload(target_program(target, u, pg_ver))
     problems = readable_by_services(path) if path else []
     out = _header(alloc.name, path, problems)
+    out += why_libc
     if mesh:
         out.append("# meshing: KEEL_MESH=on (docs/meshing.md) gives back memory that deletes "
                    "left scattered")

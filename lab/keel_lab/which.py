@@ -19,23 +19,27 @@ dlopen()ed and do not serve malloc.
 
 `keel which -- CMD...` starts CMD under the current environment, inspects it after a
 short moment (--wait, default 0.5 s) and then stops it (SIGTERM to its process group,
-SIGKILL after 3 s). A command that exits before that is analysed without running:
-from `ldd` under the same environment, which lists the objects in load order.
+SIGKILL after 3 s), and by their own PIDs whatever it started outside that group
+(daemons, setsid children: keel is their child subreaper meanwhile). A command that
+daemonised is inspected through the process it left; one that exits before that is
+analysed without running: from `ldd` under the same environment, which lists the
+objects in load order.
 """
 from __future__ import annotations
 
 import os
 import pwd
 import re
+import signal
 import subprocess
 import tempfile
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-from . import procs
+from . import procfs, procs
 from .elf import open_elf
 
 FAMILIES = ("keel", "jemalloc", "tcmalloc", "mimalloc", "glibc")
@@ -451,8 +455,31 @@ def analyze(exe: str, mapped: list[str], ld_preload: Optional[str], pid: Optiona
         if hit and hit not in [p[0] for p in preloads]:
             preloads.append((hit, "ld.so.preload", "named by /etc/ld.so.preload"))
     named = {p[0] for p in preloads}
+    # A preloaded library that the program also links (LD_PRELOAD=libc.so.6 for a program
+    # linked to libjemalloc): the loader loads it before the executable's own DT_NEEDED
+    # libraries, so the load order shows it ahead of a library the executable names
+    # before it (or at all, for an indirect dependency).
+    if pos:
+        exe_elf0 = open_elf(hp(exe))
+        direct = list(dict.fromkeys(
+            by_name[n] for n in (exe_elf0.needed if exe_elf0 is not None else [])
+            if n in by_name and by_name[n] in closure
+            and not os.path.basename(by_name[n]).startswith("ld-")))
+        for m in closure:
+            if m in named or m not in pos or os.path.basename(m).startswith("ld-"):
+                continue
+            before = direct[:direct.index(m)] if m in direct else direct
+            if any(n in pos and pos[n] > pos[m] for n in before):
+                preloads.append((m, "LD_PRELOAD", f"loaded ahead of the libraries the "
+                                                  f"executable links ({order_source}), "
+                                                  f"although it is also linked"))
+                named.add(m)
+                if ld_preload == "":
+                    notes.append("/proc/PID/environ does not show LD_PRELOAD although a "
+                                 "library was preloaded: the program rewrote its environment "
+                                 "area (Redis and PostgreSQL do, to set their process title)")
     dlopened: list[str] = []
-    first_linked = min((pos[m] for m in closure if m in pos), default=None)
+    first_linked = min((pos[m] for m in closure if m in pos and m not in named), default=None)
     for m in libs:
         if m in closure or m in named:
             continue
@@ -499,6 +526,12 @@ def analyze(exe: str, mapped: list[str], ld_preload: Optional[str], pid: Optiona
         if m not in named and m not in evidence:
             fam, defines, _ = classify(hp(m))
             scope.append(LoadedObject(m, fam, defines, "linked", via))
+    if pos:
+        # The load order is the lookup order, preloads and linked libraries alike (a
+        # library the program links can be loaded, and so searched, ahead of the others).
+        # Objects it does not show keep their place: preloads first, linked ones last.
+        scope[1:] = sorted(scope[1:], key=lambda o: pos.get(
+            o.path, -1 if o.how in ("LD_PRELOAD", "ld.so.preload") else 1 << 30))
     extra = []
     for m in dlopened:
         fam, defines, _ = classify(hp(m))
@@ -506,7 +539,8 @@ def analyze(exe: str, mapped: list[str], ld_preload: Optional[str], pid: Optiona
 
     provider = next((o for o in scope if o.defines_malloc), None)
     res = WhichResult(pid=pid, exe=exe, cmdline=None, allocator="unknown", library=None,
-                      how="none", detail="", ld_preload=ld_preload, notes=notes)
+                      how="none", detail="", ld_preload=ld_preload,
+                      notes=list(dict.fromkeys(notes)))
     if provider is None:
         res.detail = "no loaded object defines malloc (not a C program?)"
     else:
@@ -619,35 +653,168 @@ def predict_command(cmd: list[str], env: Optional[dict] = None) -> WhichResult:
     return res
 
 
+class Terminated(BaseException):
+    """keel which got SIGTERM (or SIGHUP) while it inspected a command: the command and
+    what it started were stopped; the caller exits."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
+
+
+def _subreaper(on: Optional[bool]) -> Optional[bool]:
+    """prctl(PR_SET_CHILD_SUBREAPER): while set, a process that a descendant of ours
+    leaves behind (a daemon that forked and let its parent exit, a child that called
+    setsid) is re-parented to us instead of to init, so it can still be found and
+    stopped. Returns the previous setting (None if unknown); on=None only reads it."""
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        cur = ctypes.c_int(0)
+        prev = bool(cur.value) if libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(cur), 0, 0,
+                                             0) == 0 else None
+        if on is not None:
+            libc.prctl(PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0)
+        return prev
+    except (OSError, AttributeError):
+        return None
+
+
+def _children_of_me() -> set[int]:
+    import psutil
+    try:
+        return {c.pid for c in psutil.Process().children()}
+    except psutil.Error:
+        return set()
+
+
+def _started_by(p: subprocess.Popen, before: set[int], since: Optional[float]) -> list[int]:
+    """Processes that descend from the started command, oldest first: its own
+    descendants while it runs, and (re-parented to us as a subreaper) those it left
+    behind -- our children that did not exist before it started (`before`) and that
+    started no earlier than it did (`since`, psutil's create_time)."""
+    import psutil
+    kids: dict[int, list[tuple[float, int]]] = {}
+    for proc in psutil.process_iter(["pid", "ppid", "create_time"]):
+        i = proc.info
+        if i["ppid"] is None or i["pid"] == p.pid:
+            continue
+        kids.setdefault(i["ppid"], []).append((i["create_time"] or 0.0, i["pid"]))
+    me = os.getpid()
+    out: list[tuple[float, int]] = []
+    seen: set[int] = set()
+    queue = deque([p.pid, me])
+    while queue:
+        cur = queue.popleft()
+        for ct, pid in kids.get(cur, []):
+            if pid in seen:
+                continue
+            if cur == me and (pid in before or (since is not None and ct < since)):
+                continue
+            seen.add(pid)
+            out.append((ct, pid))
+            queue.append(pid)
+    return [pid for _ct, pid in sorted(out)]
+
+
+def _stop_all(p: subprocess.Popen, before: set[int], since: Optional[float]) -> None:
+    """Stops the command (its process group) and everything it started that left the
+    group (daemons, setsid children), by their own PIDs; reaps those that are ours."""
+    left = _started_by(p, before, since) if p.poll() is None else []
+    procs.stop(p)
+    left = list(dict.fromkeys(left + _started_by(p, before, since)))
+    if left:
+        procs.kill_pids(left, signals=(signal.SIGTERM, signal.SIGKILL), wait=3.0)
+    for pid in left:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        except OSError:
+            pass
+
+
 def inspect_command(cmd: list[str], wait: float = 0.5, env: Optional[dict] = None) -> WhichResult:
-    """Starts cmd, inspects it after `wait` seconds, stops it (its whole process group)."""
+    """Starts cmd, inspects it after `wait` seconds, stops it: its whole process group,
+    then whatever it started outside the group (a daemon: `redis-server --daemonize yes`,
+    a child in its own session), found through the subreaper. A command that exits
+    leaving a process behind (it daemonised) is inspected through that process.
+    SIGTERM or SIGHUP to keel meanwhile stops them too, then raises Terminated."""
+    import threading
     env = dict(os.environ if env is None else env)
     _resolve_cmd(cmd, env)     # a clear error for a missing or non-executable command
-    with tempfile.TemporaryFile() as errf:
-        try:
-            p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.DEVNULL, stderr=errf, start_new_session=True)
-        except OSError as e:
-            raise WhichError(f"cannot start {cmd[0]}: {e}") from None
-        try:
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and p.poll() is None:
-                time.sleep(0.02)
-            res = None
-            if p.poll() is None:
-                try:
-                    res = inspect_pid(p.pid)
-                except WhichError:
-                    if p.poll() is None:
-                        raise
-            if res is None:
-                errf.seek(0)
-                err = errf.read().decode("utf-8", "replace").strip()
-                res = predict_command(cmd, env)
-                res.notes.append(f"the command exited (status {p.returncode}) before it could "
-                                 "be inspected" + (f": {err.splitlines()[-1]}" if err else ""))
-            else:
-                res.cmdline = " ".join(cmd)
-            return res
-        finally:
-            procs.stop(p)
+
+    old_handlers: dict[signal.Signals, Any] = {}
+    prev_reaper = _subreaper(None)
+    try:
+        if threading.current_thread() is threading.main_thread():
+            def on_signal(signum, _frame):
+                raise Terminated(signum)
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                old_handlers[sig] = signal.signal(sig, on_signal)
+        if prev_reaper is False:
+            _subreaper(True)
+        before = _children_of_me()
+        with tempfile.TemporaryFile() as errf:
+            try:
+                p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=errf,
+                                     start_new_session=True, preexec_fn=procs.pdeathsig)
+            except OSError as e:
+                raise WhichError(f"cannot start {cmd[0]}: {e}") from None
+            since = None
+            try:
+                import psutil
+                since = psutil.Process(p.pid).create_time()
+            except Exception:
+                pass
+            try:
+                deadline = time.monotonic() + wait
+                while time.monotonic() < deadline:
+                    if p.poll() is not None and not _started_by(p, before, since):
+                        break
+                    time.sleep(0.02 if p.poll() is None else 0.1)
+                res = None
+                if p.poll() is None:
+                    try:
+                        res = inspect_pid(p.pid)
+                    except WhichError:
+                        if p.poll() is None:
+                            raise
+                if res is None and p.poll() is not None:
+                    for pid in _started_by(p, before, since):
+                        if not procfs.pid_running(pid):
+                            continue
+                        try:
+                            res = inspect_pid(pid)
+                        except WhichError:
+                            continue
+                        res.notes.append(
+                            f"the command exited ({procs.describe_exit(p.returncode)}) and left "
+                            f"PID {pid} running (it daemonised): that process was inspected, "
+                            "then stopped")
+                        break
+                if res is None:
+                    errf.seek(0)
+                    err = errf.read().decode("utf-8", "replace").strip()
+                    res = predict_command(cmd, env)
+                    res.notes.append(f"the command exited (status {p.returncode}) before it "
+                                     "could be inspected" +
+                                     (f": {err.splitlines()[-1]}" if err else ""))
+                elif res.pid == p.pid:
+                    res.cmdline = " ".join(cmd)
+                return res
+            finally:
+                # a second SIGTERM must not cut the clean-up short
+                for sig in old_handlers:
+                    signal.signal(sig, signal.SIG_IGN)
+                _stop_all(p, before, since)
+    finally:
+        if prev_reaper is False:
+            _subreaper(False)
+        for sig, h in old_handlers.items():
+            signal.signal(sig, h)

@@ -52,6 +52,46 @@ def test_run_glibc_removes_ld_preload(jemalloc_path):
     assert r.stdout.strip() == "[unset]"
 
 
+WHO_SERVES_MALLOC_SRC = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+/* Linked to libjemalloc: prints the object whose malloc the program calls. */
+int main(void) {
+  void* (*volatile f)(size_t) = malloc;
+  Dl_info i;
+  if (!dladdr((void*)f, &i) || !i.dli_fname) return 3;
+  printf("%s\n", i.dli_fname);
+  return 0;
+}
+"""
+
+
+def test_run_glibc_preloads_libc_for_a_program_linked_to_another_allocator(tmp_path, cc):
+    """keel run --allocator glibc -- PROGRAM, where PROGRAM links libjemalloc (Debian's
+    redis-server): removing LD_PRELOAD would leave it on jemalloc; libc is preloaded
+    instead, and keel says so."""
+    src = tmp_path / "who.c"
+    src.write_text(WHO_SERVES_MALLOC_SRC)
+    exe = tmp_path / "who"
+    r = subprocess.run([cc, str(src), "-o", str(exe), "-Wl,--no-as-needed", "-ljemalloc",
+                        "-ldl"], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot link with -ljemalloc (apt-get install libjemalloc-dev): "
+                    f"{r.stderr.strip()[-300:]}")
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    plain = subprocess.run([str(exe)], capture_output=True, text=True, env=env, check=True)
+    assert "libjemalloc" in plain.stdout            # the program on its own
+    out = keel("run", "-a", "glibc", "--", str(exe), env=env, check=True)
+    assert "libc.so" in out.stdout and "libjemalloc" not in out.stdout, out
+    assert "links libjemalloc.so.2 itself" in out.stderr and "LD_PRELOAD=" in out.stderr
+    # a program that links no other allocator: LD_PRELOAD removed, nothing said
+    out = keel("run", "-a", "glibc", "--", "sh", "-c", 'echo "[${LD_PRELOAD-unset}]"',
+               env=env, check=True)
+    assert out.stdout.strip() == "[unset]" and out.stderr == ""
+
+
 def test_run_passes_the_exit_status():
     r = keel("run", "-a", "glibc", "--", "sh", "-c", "exit 7")
     assert r.returncode == 7
@@ -237,6 +277,78 @@ def test_deploy_mesh_is_for_keel_only(jemalloc_path):
         assert r.returncode == 2 and "--mesh is a Keel option" in r.stderr and not r.stdout
     r = keel("deploy", "keel+mesh", "--for", "redis")
     assert r.returncode == 2 and "keel deploy keel --for redis --mesh" in r.stderr
+
+
+def _libc_path() -> str:
+    from pathlib import Path
+    return os.path.realpath(next(
+        line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
+        if "/libc.so" in line or "/libc-" in line))
+
+
+@pytest.fixture
+def je_linked_prog(tmp_path, cc):
+    """A program linked to libjemalloc (as Debian's redis-server is)."""
+    src = tmp_path / "je.c"
+    src.write_text("#include <stdlib.h>\nint main(void){void* p = malloc(10); free(p); "
+                   "return 0;}\n")
+    exe = tmp_path / "je_linked"
+    r = subprocess.run([cc, str(src), "-o", str(exe), "-Wl,--no-as-needed", "-ljemalloc"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot link with -ljemalloc (apt-get install libjemalloc-dev): "
+                    f"{r.stderr.strip()[-300:]}")
+    return str(exe)
+
+
+def test_deploy_glibc_for_debian_redis_preloads_libc():
+    """Debian's redis-server links libjemalloc: with nothing preloaded it runs jemalloc,
+    so 'glibc' is LD_PRELOAD=libc.so.6 (as the bench measures it), not 'remove it'."""
+    from keel_lab.servers import linked_mallocs
+    redis = shutil.which("redis-server")
+    if not redis:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    if not linked_mallocs(redis):
+        pytest.skip("this redis-server links no other allocator")
+    out = keel("deploy", "glibc", "--for", "redis", check=True).stdout
+    libc = _libc_path()
+    assert f'[Service]\nEnvironment="LD_PRELOAD={libc}"' in out, out
+    assert "libjemalloc" in out and "links" in out and "itself" in out
+    assert "remove the drop-in" not in out and "rm -f" not in out
+
+
+def test_deploy_glibc_preloads_libc_for_a_program_linked_to_another_allocator(
+        monkeypatch, je_linked_prog):
+    from keel_lab import deploy
+    monkeypatch.setattr(deploy, "target_program", lambda *a, **kw: je_linked_prog)
+    libc = _libc_path()
+    out = deploy.snippet("glibc", "systemd", "myapp", BUILD)
+    assert f'[Service]\nEnvironment="LD_PRELOAD={libc}"' in out
+    assert f"{je_linked_prog} links libjemalloc" in out
+    assert "remove the drop-in" not in out
+    out = deploy.snippet("glibc", "mariadb", None, BUILD)
+    assert f'Environment="LD_PRELOAD={libc}"' in out
+    assert f"[mysqld_safe]\nmalloc-lib={libc}" in out
+    assert "remove malloc-lib" not in out
+    out = deploy.snippet("glibc", "postgres", "15/main", BUILD)
+    assert f"LD_PRELOAD = '{libc}'" in out
+
+
+def test_deploy_glibc_for_a_plain_program_removes_the_preload(monkeypatch, jemalloc_path):
+    from keel_lab import deploy
+    plain = os.path.realpath(shutil.which("sleep"))
+    monkeypatch.setattr(deploy, "target_program", lambda *a, **kw: plain)
+    # a library preloaded into keel itself is not taken for the program's own allocator
+    monkeypatch.setenv("LD_PRELOAD", jemalloc_path)
+    out = deploy.snippet("glibc", "systemd", "myapp", BUILD)
+    assert "glibc is what runs when nothing is preloaded: remove the drop-in" in out
+    assert "LD_PRELOAD=" not in out
+    out = deploy.snippet("glibc", "mariadb", None, BUILD)
+    assert "remove malloc-lib from the [mysqld_safe] section" in out
+    # the program not found here: today's text too
+    monkeypatch.setattr(deploy, "target_program", lambda *a, **kw: None)
+    out = deploy.snippet("glibc", "redis", None, BUILD)
+    assert "remove the drop-in" in out
 
 
 def test_deploy_errors(tmp_path):

@@ -323,3 +323,241 @@ def test_no_run_traces_a_dynamic_binary_through_its_loader(tmp_path, cc):
     assert not mark.exists()
     assert res.allocator == "glibc" and res.how == "linked", res.render()
     assert res.library and "libc.so" in res.library
+
+
+# ---- a library the program links, preloaded (LD_PRELOAD=libc.so.6 over a linked jemalloc)
+
+
+def _libc_path() -> str:
+    return next(line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
+                if "/libc.so" in line or "/libc-" in line)
+
+
+def test_libc_preloaded_over_a_linked_jemalloc_in_redis(tmp_path):
+    """How the lab measures "glibc" for Debian's redis-server (servers._choose_preload):
+    LD_PRELOAD=libc.so.6. libc is also a linked dependency, and Redis rewrites its
+    environment area, so only the loader's link map (libc loaded before libjemalloc)
+    shows that glibc serves malloc."""
+    redis = shutil.which("redis-server")
+    if not redis:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    if "libjemalloc.so.2" not in Elf(os.path.realpath(redis)).needed:
+        pytest.skip("this redis-server does not link libjemalloc.so.2")
+    libc = _libc_path()
+    p = _start([redis, "--port", "0", "--unixsocket", str(tmp_path / "r.sock"), "--save", "",
+                "--appendonly", "no", "--dir", str(tmp_path)], {"LD_PRELOAD": libc})
+    try:
+        r = inspect_pid(p.pid)
+        if which_mod.link_map_order(p.pid) is None:
+            pytest.skip("the loader's link map is not readable here (needs ptrace rights)")
+        assert r.allocator == "glibc", r.render()
+        assert r.how == "LD_PRELOAD", r.render()
+        assert os.path.realpath(r.library) == os.path.realpath(libc)
+        je = [o for o in r.others if o["family"] == "jemalloc"]
+        assert je and je[0]["how"] == "linked" and "not used" in je[0]["why"], r.render()
+    finally:
+        _stop(p)
+
+
+WIPE_ENV_SRC = r"""
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+extern char** environ;
+/* Links libjemalloc, then blanks its environment area as Redis does for its process
+   title: /proc/PID/environ then shows no LD_PRELOAD. */
+int main(void) {
+  char* start = environ[0];
+  char* end = start;
+  for (char** e = environ; *e; e++) end = *e + strlen(*e) + 1;
+  if (start) memset(start, 0, end - start);
+  void* p = malloc(100);
+  sleep(30);
+  free(p);
+  return 0;
+}
+"""
+
+
+@pytest.fixture
+def je_linked_prog(tmp_path, cc):
+    src = tmp_path / "je.c"
+    src.write_text(WIPE_ENV_SRC)
+    exe = tmp_path / "je_linked"
+    r = subprocess.run([cc, "-O1", str(src), "-o", str(exe), "-Wl,--no-as-needed", "-ljemalloc"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot link with -ljemalloc (apt-get install libjemalloc-dev): "
+                    f"{r.stderr.strip()[-300:]}")
+    assert "libjemalloc.so.2" in Elf(exe).needed
+    return exe
+
+
+def test_libc_preloaded_over_a_linked_jemalloc_small_program(je_linked_prog):
+    libc = _libc_path()
+    p = _start([str(je_linked_prog)], {"LD_PRELOAD": libc})
+    try:
+        if which_mod.link_map_order(p.pid) is None:
+            pytest.skip("the loader's link map is not readable here (needs ptrace rights)")
+        r = inspect_pid(p.pid)
+        assert r.ld_preload == ""        # the environment area was blanked
+        assert r.allocator == "glibc" and r.how == "LD_PRELOAD", r.render()
+        assert any(o["family"] == "jemalloc" and "not used" in o["why"] for o in r.others)
+        assert any("rewrote its environment" in n for n in r.notes)
+    finally:
+        _stop(p)
+    # without the preload the linked jemalloc serves malloc, and libc stays "linked"
+    p = _start([str(je_linked_prog)])
+    try:
+        r = inspect_pid(p.pid)
+        assert r.allocator == "jemalloc" and r.how == "linked", r.render()
+        assert not r.notes, r.render()
+    finally:
+        _stop(p)
+    # predicted from ldd's load order, the same answer
+    res = predict_command([str(je_linked_prog)], env={**os.environ, "LD_PRELOAD": libc})
+    assert res.allocator == "glibc" and res.how == "LD_PRELOAD", res.render()
+
+
+def test_second_preload_after_a_linked_libc_is_not_taken_for_dlopen(je_linked_prog, keel_path):
+    """LD_PRELOAD="libc.so.6 libkeel.so" with the environment area blanked: libc is
+    loaded first and serves malloc; libkeel comes next, preloaded (not dlopen()ed)."""
+    p = _start([str(je_linked_prog)], {"LD_PRELOAD": f"{_libc_path()} {keel_path}"})
+    try:
+        if which_mod.link_map_order(p.pid) is None:
+            pytest.skip("the loader's link map is not readable here (needs ptrace rights)")
+        r = inspect_pid(p.pid)
+        assert r.allocator == "glibc" and r.how == "LD_PRELOAD", r.render()
+        kl = [o for o in r.others if o["family"] == "keel"]
+        assert kl and kl[0]["how"] == "LD_PRELOAD" and "comes after glibc" in kl[0]["why"], \
+            r.render()
+    finally:
+        _stop(p)
+
+
+# ---- keel which -- CMD: what the command leaves behind is stopped too
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except (OSError, IndexError):
+        return False
+
+
+def _kill_if_running(*pids):
+    for pid in pids:
+        if pid and _running(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _wait_file(path: Path, timeout: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return int(path.read_text().split()[0])
+        time.sleep(0.05)
+    raise AssertionError(f"{path} was not written")
+
+
+def _forking_script(tmp_path: Path, then: str = "exit 0") -> tuple[Path, Path]:
+    """A script that forks a sleeper into its own session (setsid), writes the sleeper's
+    PID, then runs `then`."""
+    pidfile = tmp_path / "sleeper.pid"
+    script = tmp_path / "forker.sh"
+    script.write_text(f"#!/bin/sh\nsetsid sleep 300 </dev/null >/dev/null 2>&1 &\n"
+                      f"echo $! > {pidfile}\n{then}\n")
+    script.chmod(0o755)
+    return script, pidfile
+
+
+def test_which_command_stops_a_child_that_left_the_session(tmp_path):
+    script, pidfile = _forking_script(tmp_path)
+    sleeper = None
+    try:
+        out = keel("which", "--", str(script), timeout=60)
+        sleeper = _wait_file(pidfile)
+        time.sleep(0.2)
+        assert not _running(sleeper), f"the setsid sleeper {sleeper} outlived keel which"
+        # the command exited and left the sleeper: that is what was inspected
+        assert out.returncode == 0, out.stderr
+        assert "glibc" in out.stdout and "daemonised" in out.stdout, out.stdout
+    finally:
+        _kill_if_running(sleeper)
+    # and in this process (pytest's), through the function
+    pidfile.unlink()
+    sleeper = None
+    try:
+        res = inspect_command([str(script)], wait=0.3)
+        sleeper = _wait_file(pidfile)
+        assert res.pid == sleeper and res.allocator == "glibc", res.render()
+        time.sleep(0.2)
+        assert not _running(sleeper), f"the setsid sleeper {sleeper} outlived inspect_command"
+        assert not Path(f"/proc/{sleeper}").exists(), "the sleeper was not reaped"
+    finally:
+        _kill_if_running(sleeper)
+    assert which_mod._subreaper(None) is False    # the setting was put back
+
+
+def _pids_with_arg(arg: str) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if arg in d.joinpath("cmdline").read_bytes().decode("utf-8", "replace"):
+                    out.append(int(d.name))
+            except OSError:
+                pass
+    return [p for p in out if _running(p)]
+
+
+def test_which_command_stops_a_daemonised_redis(tmp_path):
+    """redis-server --daemonize yes: the started process forks the server and exits; the
+    server is inspected, then stopped (it removes its pidfile when it shuts down)."""
+    redis = shutil.which("redis-server")
+    if not redis:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    sock = str(tmp_path / "r.sock")
+    pidfile = tmp_path / "redis.pid"
+    try:
+        res = inspect_command([redis, "--port", "0", "--unixsocket", sock, "--save", "",
+                               "--dir", str(tmp_path), "--daemonize", "yes",
+                               "--pidfile", str(pidfile)], wait=1.0,
+                              env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
+        assert res.method == "live" and any("daemonised" in n for n in res.notes), res.render()
+        assert res.allocator in ("jemalloc", "glibc"), res.render()
+        time.sleep(0.2)
+        assert not _running(res.pid), f"the daemonised redis-server {res.pid} outlived it"
+        assert not _pids_with_arg(sock), "a redis-server outlived keel which"
+    finally:
+        _kill_if_running(*_pids_with_arg(sock))
+
+
+def test_sigterm_to_keel_which_stops_the_command(tmp_path):
+    """keel which -- CMD --wait 60, then SIGTERM to keel: the command (its own session)
+    and what it forked into another session are stopped before keel exits."""
+    cmdpid = tmp_path / "cmd.pid"
+    script, pidfile = _forking_script(tmp_path, then=f"echo $$ > {cmdpid}\nexec sleep 300")
+    env = {**os.environ, "COLUMNS": "160"}
+    k = subprocess.Popen([sys.executable, "-m", "keel_lab", "which", "--wait", "60", "--",
+                          str(script)], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    sleeper = cmd = None
+    try:
+        sleeper, cmd = _wait_file(pidfile), _wait_file(cmdpid)
+        time.sleep(0.3)
+        k.send_signal(signal.SIGTERM)
+        out, err_ = k.communicate(timeout=20)
+        assert k.returncode == 128 + signal.SIGTERM, (k.returncode, out, err_)
+        assert "SIGTERM" in err_ and "Traceback" not in err_
+        time.sleep(0.2)
+        assert not _running(cmd), "the command outlived keel which"
+        assert not _running(sleeper), "the setsid sleeper outlived keel which"
+    finally:
+        if k.poll() is None:
+            k.kill()
+            k.wait()
+        _kill_if_running(sleeper, cmd)
