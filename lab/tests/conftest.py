@@ -66,3 +66,17 @@ def results_small(tmp_path) -> Path:
     p = tmp_path / "results_small.json"
     shutil.copy(FIXTURES / "results_small.json", p)
     return p
+
+
+def build_jemalloc_linked(cc: str, tmp_path: Path, name: str, source: str, *libs: str) -> Path:
+    """A C program linked to libjemalloc (as Debian's redis-server is), built in tmp_path;
+    the test is skipped where libjemalloc's development files are missing."""
+    src = tmp_path / f"{name}.c"
+    src.write_text(source)
+    exe = tmp_path / name
+    r = subprocess.run([cc, "-O1", str(src), "-o", str(exe), "-Wl,--no-as-needed", "-ljemalloc", *libs],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot link with -ljemalloc (apt-get install libjemalloc-dev): "
+                    f"{r.stderr.strip()[-300:]}")
+    return exe

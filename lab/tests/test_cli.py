@@ -10,7 +10,7 @@ import tempfile
 
 import pytest
 
-from conftest import BUILD, keel
+from conftest import BUILD, build_jemalloc_linked, keel
 from keel_lab import suites
 from keel_lab.keel_options import OPTIONS
 from keel_lab.paths import SOURCE_DIR
@@ -72,14 +72,7 @@ def test_run_glibc_preloads_libc_for_a_program_linked_to_another_allocator(tmp_p
     """keel run --allocator glibc -- PROGRAM, where PROGRAM links libjemalloc (Debian's
     redis-server): removing LD_PRELOAD would leave it on jemalloc; libc is preloaded
     instead, and keel says so."""
-    src = tmp_path / "who.c"
-    src.write_text(WHO_SERVES_MALLOC_SRC)
-    exe = tmp_path / "who"
-    r = subprocess.run([cc, str(src), "-o", str(exe), "-Wl,--no-as-needed", "-ljemalloc",
-                        "-ldl"], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot link with -ljemalloc (apt-get install libjemalloc-dev): "
-                    f"{r.stderr.strip()[-300:]}")
+    exe = build_jemalloc_linked(cc, tmp_path, "who", WHO_SERVES_MALLOC_SRC, "-ldl")
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     plain = subprocess.run([str(exe)], capture_output=True, text=True, env=env, check=True)
     assert "libjemalloc" in plain.stdout            # the program on its own
@@ -289,16 +282,8 @@ def _libc_path() -> str:
 @pytest.fixture
 def je_linked_prog(tmp_path, cc):
     """A program linked to libjemalloc (as Debian's redis-server is)."""
-    src = tmp_path / "je.c"
-    src.write_text("#include <stdlib.h>\nint main(void){void* p = malloc(10); free(p); "
-                   "return 0;}\n")
-    exe = tmp_path / "je_linked"
-    r = subprocess.run([cc, str(src), "-o", str(exe), "-Wl,--no-as-needed", "-ljemalloc"],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot link with -ljemalloc (apt-get install libjemalloc-dev): "
-                    f"{r.stderr.strip()[-300:]}")
-    return str(exe)
+    return str(build_jemalloc_linked(cc, tmp_path, "je_linked", "#include <stdlib.h>\nint main(void){"
+                                     "void* p = malloc(10); free(p); return 0;}\n"))
 
 
 def test_deploy_glibc_for_debian_redis_preloads_libc():

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import keel
+from conftest import build_jemalloc_linked, keel
 from keel_lab import which as which_mod
 from keel_lab.elf import Elf
 from keel_lab.which import WhichError, inspect_command, inspect_pid, predict_command
@@ -381,14 +381,7 @@ int main(void) {
 
 @pytest.fixture
 def je_linked_prog(tmp_path, cc):
-    src = tmp_path / "je.c"
-    src.write_text(WIPE_ENV_SRC)
-    exe = tmp_path / "je_linked"
-    r = subprocess.run([cc, "-O1", str(src), "-o", str(exe), "-Wl,--no-as-needed", "-ljemalloc"],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot link with -ljemalloc (apt-get install libjemalloc-dev): "
-                    f"{r.stderr.strip()[-300:]}")
+    exe = build_jemalloc_linked(cc, tmp_path, "je_linked", WIPE_ENV_SRC)
     assert "libjemalloc.so.2" in Elf(exe).needed
     return exe
 
