@@ -71,16 +71,22 @@ if [[ $lib != glibc ]]; then
         done_pids[$p]=1
         # A read of maps is not one snapshot (Linux 6.18 reads it without the mmap lock,
         # page by page): one without the library is read again. A process cannot map a
-        # preload after libc, so a later read that shows it proves it was there.
+        # preload after libc, so a later read that shows it proves it was there. One that
+        # is gone by then is not judged: an exiting process's maps are being torn down
+        # (a read showed libc and its neighbours but not the preload, and then no
+        # process, 2026-11-28).
+        gone=0
         for again in 1 2 3; do
           [[ $maps == *"$lib"* ]] && break
           sleep 0.2
           m=$(cat "/proc/$p/maps" 2>/dev/null)
-          [[ -z $m ]] && break  # gone: judged on the read there was
+          if [[ -z $m ]]; then gone=1; break; fi
           maps=$m
           echo "pid $p: maps read again ($again)" >>"$work/preload-reread"
         done
-        if [[ $maps == *"$lib"* ]]; then seen=$((seen + 1)); else
+        if ((gone)); then
+          echo "pid $p: gone before a read showed the library: not judged" >>"$work/preload-reread"
+        elif [[ $maps == *"$lib"* ]]; then seen=$((seen + 1)); else
           bad=$((bad + 1))
           # What it was, so that a failure explains itself in the log.
           { echo "pid $p: $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)"
