@@ -365,47 +365,66 @@ __attribute__((no_sanitize("thread"))) KEEL_HOT void _keel_profile_tick(void) {
 
 /* The exit dump and the leak report, in the cold text with the rest of this file: only
  * a process that profiles reaches it. */
+#define LEAK_SITES 10
+#define LEAK_FRAMES 6
 static KEEL_COLD void profile_at_exit(void) {
   if (keel_opt(profile_at_exit)) dump_named("exit");
   if (!keel_opt(profile_leaks) || table_used == 0) return;
-  /* Leak report: the stacks holding the most live sampled bytes. */
+  /* Leak report: the stacks holding the most live sampled bytes, copied out under the
+   * lock and symbolised after it (dladdr takes the loader's lock, which a thread in
+   * dlopen may hold while it waits for this one to record a sample). */
+  struct {
+    uint64_t bytes, count;
+    uint32_t depth;
+    void* stack[LEAK_FRAMES];
+  } top[LEAK_SITES];
+  int ntop = 0;
+  uint64_t rate = keel_opt(profile_rate);
   keel_lock(&prof_lock);
+  uint64_t count = live_count, weight = live_weight;
   size_t cap = 0, map_bytes = 0;
   line_t* lines = group_by_stack(&cap, &map_bytes);
-  char text[2048];
-  keel_buf_t b = {text, 0, sizeof text};
-  _keel_buf_str(&b, "keel: leak report: ");
-  _keel_buf_u64(&b, live_count);
-  _keel_buf_str(&b, " sampled blocks (");
-  _keel_buf_u64(&b, live_bytes);
-  _keel_buf_str(&b, " bytes) still allocated at exit; largest allocation sites:\n");
-  put(2, &b);
-  for (int shown = 0; lines && shown < 10; shown++) {
+  for (; lines && ntop < LEAK_SITES; ntop++) {
     size_t best = cap;
     for (size_t i = 0; i < cap; i++)
       if (lines[i].hash != 0 && (best == cap || lines[i].bytes > lines[best].bytes)) best = i;
     if (best == cap) break;
-    _keel_buf_str(&b, "keel:   ");
-    _keel_buf_u64(&b, lines[best].bytes);
+    top[ntop].count = lines[best].count;
+    top[ntop].bytes = lines[best].count * weight_of(lines[best].bytes / lines[best].count, rate);
+    top[ntop].depth = 0;
+    for (uint32_t k = 0; k < lines[best].example->depth && k < LEAK_FRAMES; k++)
+      top[ntop].stack[top[ntop].depth++] = lines[best].example->stack[k];
+    lines[best].hash = 0;
+  }
+  keel_unlock(&prof_lock);
+  if (lines) _keel_prim_unmap(lines, map_bytes);
+  char text[2048];
+  keel_buf_t b = {text, 0, sizeof text};
+  _keel_buf_str(&b, "keel: leak report: ");
+  _keel_buf_u64(&b, count);
+  _keel_buf_str(&b, " sampled blocks, about ");
+  _keel_buf_u64(&b, weight);
+  _keel_buf_str(&b, " bytes, still allocated at exit; largest allocation sites:\n");
+  put(2, &b);
+  for (int i = 0; i < ntop; i++) {
+    _keel_buf_str(&b, "keel:   about ");
+    _keel_buf_u64(&b, top[i].bytes);
     _keel_buf_str(&b, " bytes in ");
-    _keel_buf_u64(&b, lines[best].count);
+    _keel_buf_u64(&b, top[i].count);
     _keel_buf_str(&b, " sampled blocks, allocated at\n");
     put(2, &b);
-    for (uint32_t k = 0; k < lines[best].example->depth && k < 6; k++) {
+    for (uint32_t k = 0; k < top[i].depth; k++) {
       char sym[160];
       _keel_buf_str(&b, "keel:       ");
-      _keel_buf_hex(&b, (uint64_t)(uintptr_t)lines[best].example->stack[k]);
-      if (_keel_prim_symbolize(lines[best].example->stack[k], sym, sizeof sym)) {
+      _keel_buf_hex(&b, (uint64_t)(uintptr_t)top[i].stack[k]);
+      if (_keel_prim_symbolize(top[i].stack[k], sym, sizeof sym)) {
         _keel_buf_str(&b, " ");
         _keel_buf_str(&b, sym);
       }
       _keel_buf_str(&b, "\n");
       put(2, &b);
     }
-    lines[best].hash = 0;
   }
-  keel_unlock(&prof_lock);
-  if (lines) _keel_prim_unmap(lines, map_bytes);
 }
 
 KEEL_HOT void _keel_profile_at_exit(void) {
