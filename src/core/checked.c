@@ -25,15 +25,16 @@
 
 static keel_lock_t q_lock KEEL_ALWAYS_BSS = KEEL_LOCK_INIT;
 keel_lock_t* const _keel_lock_quarantine = &q_lock; /* statistics (stats.c) */
-/* FIFO of freed blocks: a small block's address, or a guarded block's descriptor with
- * its low bit set. q_bytes counts the memory held (q_big_bytes of it in large and huge
+/* FIFO of freed blocks: a block's address (small, large or huge), or a guarded block's
+ * descriptor with its low bit set. q_bytes counts the memory held (q_big_bytes of it in large and huge
  * blocks), q_span the guarded address space. */
 static void* quarantine[QUARANTINE_SLOTS];
 static size_t q_head, q_count, q_bytes, q_big_bytes, q_span;
-static bool is_big(void* e) {
-  uint8_t kind = keel_pagemap_get(e);
-  return kind == KEEL_KIND_LARGE || kind == KEEL_KIND_HUGE;
-}
+/* Each entry's bytes, and whether it is a large or huge block, as it was queued: nothing
+ * is looked up under the lock, a leaf (a huge block's size is the huge table's, behind a
+ * lock the fork handlers take before this one). */
+static size_t q_entry_bytes[QUARANTINE_SLOTS];
+static bool q_entry_big[QUARANTINE_SLOTS];
 static uintptr_t size_secret, poison_mark;
 
 static void checked_init(void) {
@@ -344,7 +345,6 @@ static void guarded_unmap(guard_desc_t* d) {
 
 static bool is_guarded_entry(void* e) { return ((uintptr_t)e & 1) != 0; }
 static guard_desc_t* entry_desc(void* e) { return (guard_desc_t*)((uintptr_t)e & ~(uintptr_t)1); }
-static size_t entry_bytes(void* e) { return is_guarded_entry(e) ? 0 : block_usable(e, keel_pagemap_get(e)); }
 
 /* A big block (large or huge, not guarded) is poisoned on its first page and its last
  * byte only: its free would otherwise write, and its leaving the quarantine read, every
@@ -379,6 +379,8 @@ static void leave_quarantine(void* e, const char* call) {
 /* Queues entry e (holding `bytes` of memory and `span` of guarded address space),
  * evicting the oldest entries first while it would not fit. */
 static void quarantine_put(void* e, size_t bytes, size_t span, const char* call) {
+  uint8_t kind = is_guarded_entry(e) ? 0 : keel_pagemap_get(e);
+  bool big = kind == KEEL_KIND_LARGE || kind == KEEL_KIND_HUGE;
   for (;;) {
     void* evicted = NULL;
     keel_lock(&q_lock);
@@ -386,17 +388,19 @@ static void quarantine_put(void* e, size_t bytes, size_t span, const char* call)
                         q_span + span > QUARANTINE_SPAN)) {
       evicted = quarantine[q_head];
       quarantine[q_head] = NULL;
+      q_bytes -= q_entry_bytes[q_head];
+      if (q_entry_big[q_head]) q_big_bytes -= q_entry_bytes[q_head];
       q_head = (q_head + 1) % QUARANTINE_SLOTS;
       q_count--;
-      size_t gone = entry_bytes(evicted);
-      q_bytes -= gone;
-      if (!is_guarded_entry(evicted) && is_big(evicted)) q_big_bytes -= gone;
       q_span -= entry_span(evicted);
     } else {
-      quarantine[(q_head + q_count) % QUARANTINE_SLOTS] = e;
+      size_t slot = (q_head + q_count) % QUARANTINE_SLOTS;
+      quarantine[slot] = e;
+      q_entry_bytes[slot] = bytes;
+      q_entry_big[slot] = big;
       q_count++;
       q_bytes += bytes;
-      if (!is_guarded_entry(e) && is_big(e)) q_big_bytes += bytes;
+      if (big) q_big_bytes += bytes;
       q_span += span;
     }
     keel_unlock(&q_lock);
