@@ -251,12 +251,32 @@ void* _keel_central_borrow(unsigned cls, size_t n) {
 
 static KEEL_NOINLINE void* carve(unsigned cls);
 
+/* Whether class cls may try to carve once more in tick now, counting the try if so. A
+ * carved block is handed out and freed on the slow path, under locks, one at a time: a
+ * class whose demand swings (a query's working set, allocated and freed over and over)
+ * would otherwise serve the top of every swing from the same few holes, a lock per
+ * malloc and per free, for as long as it runs. Such a class carves many times the
+ * blocks it has out each tick; one that fills holes with data it keeps (a server's new
+ * values) carves fewer than it has out, and is not held back. Its entry is written only
+ * once the class is active (slot 0 is never written). */
+static bool carve_allowed(unsigned cls, uint32_t now) {
+  if (!_keel_central_active(cls)) return true;
+  keel_central_t* cl = keel_central_of(cls);
+  uint32_t carves =
+      __atomic_load_n(&cl->carve_tick, __ATOMIC_RELAXED) == now ? __atomic_load_n(&cl->carves, __ATOMIC_RELAXED) : 0;
+  if (carves >= KEEL_CARVES_PER_TICK && carves >= __atomic_load_n(&cl->carved_blocks, __ATOMIC_RELAXED)) return false;
+  __atomic_store_n(&cl->carve_tick, now, __ATOMIC_RELAXED);
+  __atomic_store_n(&cl->carves, carves + 1, __ATOMIC_RELAXED);
+  return true;
+}
+
 /* Every class about to take a new slab asks: the answer is a quick no unless it has
  * carved holes or borrowing is on. */
 void* _keel_central_carve(unsigned cls) {
   keel_central_t* cl = keel_central_of(cls);
   uint32_t now, cold;
-  if (__atomic_load_n(&cl->carve_partial, __ATOMIC_RELAXED) == NULL && !borrowing(&now, &cold)) return NULL;
+  bool on = borrowing(&now, &cold);
+  if ((__atomic_load_n(&cl->carve_partial, __ATOMIC_RELAXED) == NULL && !on) || !carve_allowed(cls, now)) return NULL;
   return carve(cls);
 }
 

@@ -46,7 +46,12 @@ typedef struct keel_central_s {
   uint32_t carved_blocks;             /* blocks of this class handed out of carved holes */
   uint32_t carved_from;               /* holes carved out of this class's slabs */
   uint16_t busy_lines; /* bit L: BUSY_TRIPS trips on line L in this tick or the last */
+  uint32_t carve_tick; /* carves: the tries of this class to carve in purger tick */
+  uint32_t carves;     /* carve_tick (borrow.c; written without a lock, a hint) */
 } __attribute__((aligned(64))) keel_central_t;
+/* A class carves at most this many times a purger tick, or as many times as it has
+ * carved blocks out if more, then takes slabs (borrow.c). */
+#define KEEL_CARVES_PER_TICK 64
 /* Two cache lines. The array is in every process's .bss, in slot order (below): a
  * program writes the entries of the classes it uses. */
 _Static_assert(sizeof(keel_central_t) == 128, "keel_central_t grew past two cache lines");

@@ -1299,6 +1299,28 @@ static void test_carve(void) {
   for (unsigned j = 0; j < n; j++) got[j] = _keel_central_carve(mine);
   CHECK(got[0] != NULL && got[count] != NULL);
   CHECK(_keel_central_carved_holes() == holes0 + 2); /* count blocks in one hole, then another */
+  /* A class that carved KEEL_CARVES_PER_TICK times in a tick, and more often than it has
+   * carved blocks out, takes a slab instead: its demand swings over the same holes. One
+   * that keeps what it carves carves on. */
+  {
+    keel_central_t* mcl = keel_central_of(mine);
+    uint32_t tick = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+    __atomic_store_n(&mcl->carve_tick, tick, __ATOMIC_RELAXED);
+    __atomic_store_n(&mcl->carves, KEEL_CARVES_PER_TICK, __ATOMIC_RELAXED);
+    CHECK(_keel_central_carve(mine) == NULL);
+    __atomic_store_n(&mcl->carves, 0, __ATOMIC_RELAXED);
+    enum { KEPT = KEEL_CARVES_PER_TICK + 8 };
+    static void* kept[KEPT];
+    for (unsigned j = 0; j < KEPT; j++) kept[j] = _keel_central_carve(mine);
+    CHECK(kept[KEPT - 1] != NULL && mcl->carved_blocks >= KEPT && mcl->carves == KEPT);
+    __atomic_store_n(&mcl->carves, KEPT - 4, __ATOMIC_RELAXED);
+    void* more = _keel_central_carve(mine);
+    CHECK(more != NULL);
+    free(more);
+    for (unsigned j = 0; j < KEPT; j++) free(kept[j]);
+    __atomic_store_n(&mcl->carves, 0, __ATOMIC_RELAXED);
+    CHECK(_keel_central_carved_holes() == holes0 + 2);
+  }
   char* hole = NULL;
   for (int i = 1; i < N; i += 2)
     if ((char*)got[0] > (char*)b[i] && (char*)got[0] < (char*)b[i] + lk->size) hole = b[i];
