@@ -48,41 +48,41 @@ def wall_time(out, wall):
     return wall
 
 
-# name, sources (under bench/), compiler, extra flags, arguments ({t}: threads), score.
+# name, binary, sources (under bench/), compiler, extra flags, arguments ({t}: threads), score.
 PROGRAMS = [
-    ("larson", ["larson/larson.cpp"], "c++", ["-DCPP=1"], "5 8 1000 5000 100 4141 {t}",
+    ("larson", "larson", ["larson/larson.cpp"], "c++", ["-DCPP=1"], "5 8 1000 5000 100 4141 {t}",
      time_from(r"relative time: ([\d.]+)s")),
-    ("xmalloc-test", ["xmalloc-test/xmalloc-test.c"], "cc", [], "-w {t} -t 5 -s 64",
+    ("xmalloc-test", "xmalloc-test", ["xmalloc-test/xmalloc-test.c"], "cc", [], "-w {t} -t 5 -s 64",
      time_from(r"rtime: ([\d.]+)")),
-    ("cache-scratch1", ["cache-scratch/cache-scratch.cpp"], "c++", [], "1 1000 1 2000000 {t}", wall_time),
-    ("cache-scratchN", ["cache-scratch/cache-scratch.cpp"], "c++", [], "{t} 1000 1 2000000 {t}", wall_time),
-    ("cache-thrash1", ["cache-thrash/cache-thrash.cpp"], "c++", [], "1 1000 1 2000000 {t}", wall_time),
-    ("cache-thrashN", ["cache-thrash/cache-thrash.cpp"], "c++", [], "{t} 1000 1 2000000 {t}", wall_time),
-    ("mstress", ["mstress/mstress.c"], "cc", [], "{t} 50 25", wall_time),
-    ("rptest", ["rptest/rptest.c", "rptest/thread.c", "rptest/timer.c"], "cc", ["-lm"],
+    ("cache-scratch1", "cache-scratch", ["cache-scratch/cache-scratch.cpp"], "c++", [], "1 1000 1 2000000 {t}", wall_time),
+    ("cache-scratchN", "cache-scratch", ["cache-scratch/cache-scratch.cpp"], "c++", [], "{t} 1000 1 2000000 {t}", wall_time),
+    ("cache-thrash1", "cache-thrash", ["cache-thrash/cache-thrash.cpp"], "c++", [], "1 1000 1 2000000 {t}", wall_time),
+    ("cache-thrashN", "cache-thrash", ["cache-thrash/cache-thrash.cpp"], "c++", [], "{t} 1000 1 2000000 {t}", wall_time),
+    ("mstress", "mstress", ["mstress/mstress.c"], "cc", [], "{t} 50 25", wall_time),
+    ("rptest", "rptest", ["rptest/rptest.c", "rptest/thread.c", "rptest/timer.c"], "cc", ["-lm"],
      "{t} 0 1 2 500 1000 100 8 16000", per_rate(r"(\d+) memory ops/CPU second", 1e7)),
-    ("glibc-simple", ["glibc-bench/bench-malloc-simple.c"], "cc", [], "", wall_time),
-    ("glibc-thread", ["glibc-bench/bench-malloc-thread.c"], "cc", ["-lm"], "{t}",
+    ("glibc-simple", "glibc-simple", ["glibc-bench/bench-malloc-simple.c"], "cc", [], "", wall_time),
+    ("glibc-thread", "glibc-thread", ["glibc-bench/bench-malloc-thread.c"], "cc", ["-lm"], "{t}",
      per_rate(r"(\d+) iterations", 1e8)),
-    ("alloc-test1", ["alloc-test/test_common.cpp", "alloc-test/allocator_tester.cpp"], "c++",
+    ("alloc-test1", "alloc-test", ["alloc-test/test_common.cpp", "alloc-test/allocator_tester.cpp"], "c++",
      ["-std=c++17", "-DBENCH=4"], "1", wall_time),
-    ("alloc-testN", ["alloc-test/test_common.cpp", "alloc-test/allocator_tester.cpp"], "c++",
+    ("alloc-testN", "alloc-test", ["alloc-test/test_common.cpp", "alloc-test/allocator_tester.cpp"], "c++",
      ["-std=c++17", "-DBENCH=4"], "{t}", wall_time),
-    ("malloc-large", ["malloc-large/malloc-large.cpp"], "c++", ["-std=c++17"], "", wall_time),
+    ("malloc-large", "malloc-large", ["malloc-large/malloc-large.cpp"], "c++", ["-std=c++17"], "", wall_time),
 ]
 
 
 def build(src, out, only):
     """Builds each wanted program into out; returns {name: path} and prints what was skipped."""
     built, binaries = {}, {}
-    for name, sources, lang, flags, _, _ in PROGRAMS:
+    for name, binary, sources, lang, flags, _, _ in PROGRAMS:
         if only and name not in only:
             continue
-        key = tuple(sources)
+        key = binary
         if key not in binaries:
             paths = [os.path.join(src, s) for s in sources]
             missing = [p for p in paths if not os.path.isfile(p)]
-            exe = os.path.join(out, os.path.basename(os.path.dirname(paths[0])))
+            exe = os.path.join(out, binary)
             compiler = os.environ.get("CXX", "g++") if lang == "c++" else os.environ.get("CC", "gcc")
             if missing:
                 binaries[key] = "missing " + ", ".join(os.path.relpath(p, src) for p in missing)
@@ -142,7 +142,7 @@ def main():
     try:
         names = [a.name for a in allocs]
         for r in range(args.runs):
-            for pi, (name, _, _, _, argfmt, score) in enumerate(p for p in PROGRAMS if p[0] in built):
+            for pi, (name, _, _, _, _, argfmt, score) in enumerate(p for p in PROGRAMS if p[0] in built):
                 turn = (r + pi) % len(allocs)  # rotated, so no allocator always runs first
                 for a in allocs[turn:] + allocs[:turn]:
                     res = run.run_once(built[name], argfmt.format(t=args.threads).split(), a, measure,
