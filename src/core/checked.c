@@ -26,8 +26,8 @@
 static keel_lock_t q_lock KEEL_ALWAYS_BSS = KEEL_LOCK_INIT;
 keel_lock_t* const _keel_lock_quarantine = &q_lock; /* statistics (stats.c) */
 /* FIFO of freed blocks: a block's address (small, large or huge), or a guarded block's
- * descriptor with its low bit set. q_bytes counts the memory held (q_big_bytes of it in large and huge
- * blocks), q_span the guarded address space. */
+ * descriptor with its low bit set. q_bytes counts the memory held (q_big_bytes of it in
+ * large and huge blocks), q_span the guarded address space. */
 static void* quarantine[QUARANTINE_SLOTS];
 static size_t q_head, q_count, q_bytes, q_big_bytes, q_span;
 /* Each entry's bytes, and whether it is a large or huge block, as it was queued: nothing

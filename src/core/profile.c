@@ -233,8 +233,8 @@ void _keel_profile_forget(void* p) {
 
 typedef struct line_s {
   uint64_t hash; /* 0: empty */
-  uint64_t count, bytes;
-  const sample_t* example; /* a sample with this stack */
+  uint64_t count, bytes, weight; /* samples, their sampled bytes, the heap bytes they stand for */
+  const sample_t* example;        /* a sample with this stack */
 } line_t;
 
 static uint64_t stack_hash(const sample_t* s) {
@@ -269,6 +269,7 @@ static line_t* group_by_stack(size_t* cap_out, size_t* bytes) {
     lines[j].example = s;
     lines[j].count++;
     lines[j].bytes += s->size;
+    lines[j].weight += s->weight;
   }
   *cap_out = cap;
   return lines;
@@ -370,7 +371,7 @@ __attribute__((no_sanitize("thread"))) KEEL_HOT void _keel_profile_tick(void) {
 static KEEL_COLD void profile_at_exit(void) {
   if (keel_opt(profile_at_exit)) dump_named("exit");
   if (!keel_opt(profile_leaks) || table_used == 0) return;
-  /* Leak report: the stacks holding the most live sampled bytes, copied out under the
+  /* Leak report: the stacks standing for the most live heap bytes, copied out under the
    * lock and symbolised after it (dladdr takes the loader's lock, which a thread in
    * dlopen may hold while it waits for this one to record a sample). */
   struct {
@@ -379,7 +380,6 @@ static KEEL_COLD void profile_at_exit(void) {
     void* stack[LEAK_FRAMES];
   } top[LEAK_SITES];
   int ntop = 0;
-  uint64_t rate = keel_opt(profile_rate);
   keel_lock(&prof_lock);
   uint64_t count = live_count, weight = live_weight;
   size_t cap = 0, map_bytes = 0;
@@ -387,10 +387,10 @@ static KEEL_COLD void profile_at_exit(void) {
   for (; lines && ntop < LEAK_SITES; ntop++) {
     size_t best = cap;
     for (size_t i = 0; i < cap; i++)
-      if (lines[i].hash != 0 && (best == cap || lines[i].bytes > lines[best].bytes)) best = i;
+      if (lines[i].hash != 0 && (best == cap || lines[i].weight > lines[best].weight)) best = i;
     if (best == cap) break;
     top[ntop].count = lines[best].count;
-    top[ntop].bytes = lines[best].count * weight_of(lines[best].bytes / lines[best].count, rate);
+    top[ntop].bytes = lines[best].weight;
     top[ntop].depth = 0;
     for (uint32_t k = 0; k < lines[best].example->depth && k < LEAK_FRAMES; k++)
       top[ntop].stack[top[ntop].depth++] = lines[best].example->stack[k];

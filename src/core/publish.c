@@ -198,8 +198,8 @@ static KEEL_COLD void answer_profile(keel_published_t* p, uint64_t prof) {
     _keel_profile_path(path + 1, sizeof path - 1, tag);
     bool written = _keel_profile_dump_to(path + 1);
     if (!written) _keel_warn("cannot write heap profile ", path + 1);
-    path[0] = written ? ' ' : '!';
     if (written) memmove(path, path + 1, sizeof path - 1);
+    else path[0] = '!';
   }
   memcpy(p->profile_path, path, sizeof path);
   __atomic_store_n(&p->profile_answered, prof, __ATOMIC_RELEASE);

@@ -633,7 +633,7 @@ void _keel_prim_publish_sweep(const char* prefix) {
       /* A live pid keeps its file while it maps it: not once it exec'd a program without
        * Keel, nor a new process that got the number. A file made in the last seconds may
        * not be mapped yet. */
-      if (alive && !(time(NULL) - st.st_mtime > 5 && !publish_file_mapped(dir, d->name, (int)pid))) continue;
+      if (alive && (time(NULL) - st.st_mtime <= 5 || publish_file_mapped(dir, d->name, (int)pid))) continue;
       unlinkat(dir, d->name, 0);
     }
   }
