@@ -115,24 +115,20 @@ def cmd_which(args) -> int:
 def _glibc_preload(cmd0: str, env: dict) -> Optional[str]:
     """glibc asked for, but the program links another allocator itself (Debian's
     redis-server: libjemalloc), which would serve malloc with nothing preloaded: the
-    libc.so.6 to preload so that glibc's malloc comes first (as keel bench does, see
-    servers.Server._choose_preload), with a line on stderr saying so. None when nothing
-    needs preloading (or the program cannot be checked)."""
+    libc.so.6 to preload so that glibc's malloc comes first, by deploy's rule (the
+    bench's too), said on stderr. None when nothing needs preloading (or the program
+    cannot be checked)."""
     import shutil
-    from .deploy import own_allocators
+    from .deploy import glibc_preload
     prog = cmd0 if "/" in cmd0 else shutil.which(cmd0, path=env.get("PATH", os.defpath))
     if not prog or not os.path.isfile(prog):
         return None
-    own, libc = own_allocators(prog)
-    if not own:
-        return None
-    if not libc:
-        print(f"keel: warning: {cmd0} links {', '.join(own)} itself and its C library was not "
-              f"found (ldd): it runs on {', '.join(own)}, not glibc", file=sys.stderr)
-        return None
-    print(f"keel: {cmd0} links {', '.join(own)} itself, which would serve malloc with nothing "
-          f"preloaded: running it with LD_PRELOAD={libc} so that glibc's malloc does",
-          file=sys.stderr)
+    libc, why = glibc_preload(prog)
+    if why:
+        said = " ".join(line.lstrip("# ") for line in why)
+        if libc:
+            said += f" Running it with LD_PRELOAD={libc}."
+        print(f"keel: {said}", file=sys.stderr)
     return libc
 
 
