@@ -155,7 +155,7 @@ bool _keel_central_trylock_class(keel_central_t* cl) {
 /* No Keel lock held: line joins the class's lines (keel_central_lines), with the class's
  * lock and its own held, in line order. A line never leaves, so a slab is only ever on a
  * line the class's lock covers. */
-static KEEL_COLD void class_add_line(keel_central_t* cl, unsigned line) {
+static void class_add_line(keel_central_t* cl, unsigned line) {
   keel_lock(&cl->home.lock);
   uint32_t lines = keel_central_lines(cl) | (1u << line);
   lock_lines(cl, lines & ~1u);
@@ -233,9 +233,11 @@ static inline bool partial_others(keel_central_t* cl, keel_slab_t* s) {
 
 /* Line's lock held, no slab on its list: a slab of another line's list that this line
  * takes over (the next line's first, not its head where that has a second: the head is
- * the one its line takes from), with what it has out; NULL if there is none. Locks are
- * taken in line order: a line after this one's is waited for, one before only tried. */
-static KEEL_COLD keel_slab_t* partial_adopt(keel_central_t* cl, unsigned line) {
+ * the one its line takes from; while apart (transfer.h), not a lone head of a line a
+ * thread works on either: its blocks would share cache lines with that thread's), with what it has
+ * out; NULL if there is none. Locks are taken in line order: a line after this one's is
+ * waited for, one before only tried. */
+static keel_slab_t* partial_adopt(keel_central_t* cl, unsigned line, bool apart) {
   uint32_t others = __atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) & ~(1u << line);
   while (others != 0) {
     uint32_t after = others >> line >> 1;
@@ -245,8 +247,9 @@ static KEEL_COLD keel_slab_t* partial_adopt(keel_central_t* cl, unsigned line) {
     if (from > line) keel_lock(&h->lock);
     else if (!keel_trylock(&h->lock)) continue;
     keel_slab_t* s = h->partial;
+    if (s != NULL && s->next != NULL) s = s->next;
+    else if (s != NULL && apart && !_keel_transfer_line_idle(s->cls, from)) s = NULL; /* its thread's */
     if (s != NULL) {
-      if (s->next != NULL) s = s->next;
       partial_remove(cl, s);
       home_out_add(h, -(int64_t)s->used);
       __atomic_store_n(&s->home, (uint8_t)line, __ATOMIC_RELAXED);
@@ -569,7 +572,7 @@ static inline keel_central_t* lock_line(unsigned cls, unsigned line) {
 
 void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
   const keel_class_t* k = &_keel_classes[cls];
-  unsigned line = keel_many_cores() ? _keel_transfer_home() : 0;
+  unsigned line = keel_many_cores() || _keel_transfer_affine() ? _keel_transfer_home() : 0;
   keel_central_t* cl = lock_line(cls, line);
   keel_home_t* h = home_of(cl, line);
   count_trip(cl, h, line);
@@ -579,7 +582,7 @@ void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
   bool grew = false;
   while (n < want && !taken_full(&taken)) {
     keel_slab_t* s = h->partial;
-    if (s == NULL && __atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) != 0) s = partial_adopt(cl, line);
+    if (s == NULL && __atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) != 0) s = partial_adopt(cl, line, _keel_transfer_apart());
     if (s == NULL) {
       /* No slab with a free block: a parked batch goes back to its slabs rather than the
        * class taking a new slab beside it (a take too small for a batch - a young

@@ -359,7 +359,8 @@ KEEL_COLD size_t _keel_huge_disown(void* p) {
   return size;
 }
 
-void* _keel_huge_realloc(void* p, size_t size, bool zero) {
+/* Cold: only a process that grows or shrinks blocks of megabytes runs it. */
+KEEL_COLD void* _keel_huge_realloc(void* p, size_t size, bool zero) {
   size_t bytes = round_pages(size);
   if (bytes < size) return NULL;
   keel_lock(&huge_lock);

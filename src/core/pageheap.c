@@ -216,7 +216,8 @@ bool _keel_pageheap_grow_in_place(keel_slab_t* head, size_t n) {
   return ok;
 }
 
-void _keel_pageheap_shrink(keel_slab_t* head, size_t n) {
+/* Cold: a large block shrunk in place by whole units is rare; the hot text has no room. */
+KEEL_COLD void _keel_pageheap_shrink(keel_slab_t* head, size_t n) {
   keel_chunk_t* c = chunk_of_slab(head);
   unsigned k = (unsigned)(head - c->units);
   size_t old = head->units;

@@ -29,6 +29,7 @@ _Static_assert(sizeof(transfer_line_t) == 64, "a transfer line is one cache line
 
 static transfer_line_t lines[KEEL_TRANSFER_LINES][KEEL_NUM_CLASSES] KEEL_SPARSE_BSS __attribute__((aligned(4096)));
 static unsigned line_count = 1; /* power of two: 1, then 8..16 once the process spreads */
+static unsigned cpu_count;      /* processors (or KEEL_CPUS), counted when it spreads */
 static bool spread;             /* a second thread cache exists: use every line */
 
 /* Few processors: the lines a class puts to and gets from, four unless it is wide: a
@@ -70,6 +71,7 @@ void _keel_transfer_spread(void) {
   unsigned n = FEW_CORES_LINES;
   while (n < cpus && n < KEEL_TRANSFER_LINES) n *= 2;
   bool many = n >= KEEL_MANY_CORES_LINES;
+  __atomic_store_n(&cpu_count, cpus, __ATOMIC_RELAXED);
   __atomic_store_n(&line_count, many ? n : KEEL_MANY_CORES_LINES, __ATOMIC_RELAXED);
   __atomic_store_n(&_keel_many_cores, many, __ATOMIC_RELAXED);
   __atomic_store_n(&spread, true, __ATOMIC_RELEASE);
@@ -77,6 +79,16 @@ void _keel_transfer_spread(void) {
 
 unsigned _keel_transfer_lines(void) {
   return __atomic_load_n(&spread, __ATOMIC_ACQUIRE) ? __atomic_load_n(&line_count, __ATOMIC_RELAXED) : 1;
+}
+
+static inline bool affine_with(uint64_t live) {
+  return __atomic_load_n(&spread, __ATOMIC_ACQUIRE) && live <= __atomic_load_n(&cpu_count, __ATOMIC_RELAXED);
+}
+bool _keel_transfer_affine(void) { return affine_with(__atomic_load_n(&_keel_live_caches, __ATOMIC_RELAXED)); }
+bool _keel_transfer_apart(void) {
+  uint64_t live = __atomic_load_n(&_keel_live_caches, __ATOMIC_RELAXED);
+  /* a thread without a cache (a young one) is another thread beside any cache */
+  return live + (_keel_thread.own == NULL) >= 2 && affine_with(live);
 }
 
 /* Lines that may hold batches (the walks of the purger, statistics and tests). */
@@ -136,10 +148,16 @@ static bool park_at(void** slot, void* entry) {
   return true;
 }
 
+/* An entry's low bits (lists are 16-byte aligned): a half batch, one that carries its
+ * index, and the home line of its first block's slab, modulo 4 (HOME_TAG). */
 #define ENTRY_HALF 1u
 #define ENTRY_INDEXED 2u
-static inline void* entry_of(void* list, bool half, bool indexed) {
-  return (void*)((uintptr_t)list | (half ? ENTRY_HALF : 0u) | (indexed ? ENTRY_INDEXED : 0u));
+#define ENTRY_HOME_SHIFT 2u
+#define ENTRY_BITS 15u
+#define HOME_TAG(line) ((uintptr_t)((line) & 3u) << ENTRY_HOME_SHIFT)
+static KEEL_NOINLINE void* entry_of(void* list, bool half, bool indexed) {
+  unsigned home = __atomic_load_n(&keel_span_head(keel_chunk_of(list), keel_unit_index(list))->home, __ATOMIC_RELAXED);
+  return (void*)((uintptr_t)list | (half ? ENTRY_HALF : 0u) | (indexed ? ENTRY_INDEXED : 0u) | HOME_TAG(home));
 }
 
 static bool put(unsigned cls, void* entry) {
@@ -161,18 +179,24 @@ bool _keel_transfer_put_at(void** slot, unsigned cls, void* list, bool half, boo
 
 static inline void* entry_list(void* e, const keel_class_t* k, uint32_t* n) {
   *n = ((uintptr_t)e & ENTRY_HALF) ? k->batch / 2u : k->batch;
-  return (void*)((uintptr_t)e & ~(uintptr_t)(ENTRY_HALF | ENTRY_INDEXED));
+  return (void*)((uintptr_t)e & ~(uintptr_t)ENTRY_BITS);
 }
 
 void* _keel_transfer_get(unsigned cls, uint32_t* n, bool* indexed) {
   const keel_class_t* k = &_keel_classes[cls];
   unsigned used = class_lines(cls, _keel_transfer_lines()), home = home_line(used);
+  /* Apart (transfer.h): another line's batch only if its blocks' slabs are this
+   * processor's. Blocks of another thread's slabs
+   * share cache lines with blocks it still uses, and two cores writing one line cost
+   * a fifth of glibc's bench-malloc-thread at two threads (design.md, "Affine slabs"). */
+  uintptr_t mine = _keel_transfer_apart() ? HOME_TAG(_keel_transfer_home()) : ~(uintptr_t)0;
   /* The slots a put may fill: a line's cap, or all of them on lines filled before the
    * process spread (line 0 with the one-line cap) - cheap to look at, never missed. */
   for (unsigned i = 0; i < used; i++) {
     transfer_line_t* l = line_of((home + i) & (used - 1), cls);
     for (unsigned s = 0; s < LINE_SLOTS; s++) {
-      if (__atomic_load_n(&l->slot[s], __ATOMIC_RELAXED) == NULL) continue;
+      void* seen = __atomic_load_n(&l->slot[s], __ATOMIC_RELAXED);
+      if (seen == NULL || (i > 0 && mine != ~(uintptr_t)0 && ((uintptr_t)seen & HOME_TAG(3u)) != mine)) continue;
       void* e = __atomic_exchange_n(&l->slot[s], NULL, __ATOMIC_ACQUIRE);
       if (e != NULL) {
         stamp(l);
@@ -182,6 +206,11 @@ void* _keel_transfer_get(unsigned cls, uint32_t* n, bool* indexed) {
     }
   }
   return NULL;
+}
+
+bool _keel_transfer_line_idle(unsigned cls, unsigned line) {
+  uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  return now - __atomic_load_n(&line_of(line & (lines_filled() - 1), cls)->touched, __ATOMIC_RELAXED) >= 2;
 }
 
 bool _keel_transfer_any(unsigned cls) {

@@ -18,6 +18,13 @@
 void _keel_transfer_spread(void) KEEL_INTERNAL;
 unsigned _keel_transfer_lines(void) KEEL_INTERNAL; /* lines in use now */
 unsigned _keel_transfer_home(void) KEEL_INTERNAL;  /* the calling thread's line now */
+/* Affine: the process has spread and has no more thread caches than processors, so each
+ * thread likely runs alone on its own: a thread takes blocks from its processor's slabs
+ * (central.c). Apart: affine, with another thread's cache: a thread also leaves alone the
+ * slab another line's thread takes from and the batches of another line's slabs, whose
+ * blocks share cache lines with blocks that thread uses. */
+bool _keel_transfer_affine(void) KEEL_INTERNAL;
+bool _keel_transfer_apart(void) KEEL_INTERNAL;
 /* Many processors: the process has spread over 8 lines or more (five processors or more,
  * or KEEL_CPUS). Every line then has a core behind it, and a block that goes from one
  * core to another is a cache miss each time: batches stay on their thread's line and
@@ -37,6 +44,8 @@ bool _keel_transfer_put_at(void** slot, unsigned cls, void* list, bool half, boo
  * index (freelist.h), or NULL. */
 void* _keel_transfer_get(unsigned cls, uint32_t* n, bool* indexed) KEEL_INTERNAL;
 bool _keel_transfer_any(unsigned cls) KEEL_INTERNAL; /* a hint: something is parked */
+/* No put or get on line `line` of cls for a whole purger tick: no thread works there. */
+bool _keel_transfer_line_idle(unsigned cls, unsigned line) KEEL_INTERNAL;
 /* A parked list from a line no put or get has used for idle_ticks (0: any), or NULL. */
 void* _keel_transfer_take_idle(unsigned cls, uint32_t now, uint32_t idle_ticks, uint32_t* n) KEEL_INTERNAL;
 uint32_t _keel_transfer_blocks(unsigned cls) KEEL_INTERNAL; /* parked blocks (racy: statistics) */

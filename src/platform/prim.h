@@ -137,7 +137,8 @@ int _keel_prim_thread_count(void);
 /* Ends the process as exit(status) does (atexit handlers, destructors, stdio). */
 _Noreturn void _keel_prim_exit(int status);
 
-/* Processors this process may run on (its affinity mask; 1 if unknown). */
+/* Processors this process may run on: the larger of the calling thread's and the main
+ * thread's affinity masks (a worker may be pinned to one; 1 if unknown). */
 unsigned _keel_prim_cpu_count(void);
 /* The processor the calling thread runs on now, read from the rseq area glibc (2.35+)
  * registers, without a system call; where rseq is unavailable, a number fixed per thread

@@ -776,12 +776,19 @@ int _keel_prim_thread_count(void) {
   return main_gone && v > 0 ? v - 1 : v;
 }
 
-unsigned _keel_prim_cpu_count(void) {
+static unsigned affinity_count(long tid) {
   uint64_t mask[16]; /* 1,024 processors */
-  long n = syscall(SYS_sched_getaffinity, 0, sizeof mask, mask);
-  if (n <= 0) return 1;
+  long n = syscall(SYS_sched_getaffinity, tid, sizeof mask, mask);
   unsigned count = 0;
   for (long i = 0; i < n / 8; i++) count += (unsigned)__builtin_popcountll(mask[i]);
+  return count;
+}
+
+/* The main thread's processors as well as the caller's: a worker pinned to one
+ * processor (a server's, or a test's) is not the process. */
+unsigned _keel_prim_cpu_count(void) {
+  unsigned own = affinity_count(0), main = affinity_count(syscall(SYS_getpid));
+  unsigned count = own > main ? own : main;
   return count ? count : 1;
 }
 
