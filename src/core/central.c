@@ -109,8 +109,9 @@ uint32_t _keel_central_parked_blocks(unsigned cls) { return _keel_transfer_block
  * from a slab that another core filled is a cache miss per block. Each line's share
  * (keel_home_t) has its own lock too, which guards the slabs on that line: a take locks
  * its own line, a put the line of each run's slab (central.h). Line 0's share is the
- * entry's own `home`, the only one used on fewer cores; the others are a sparse array by
- * line, then by the class's central slot. */
+ * entry's own `home`, the only one used on fewer cores unless the process is affine
+ * (transfer.h); the others are a sparse array by line, then by the class's central
+ * slot. */
 static keel_home_t homes[KEEL_TRANSFER_LINES - 1][KEEL_NUM_CLASSES] KEEL_SPARSE_BSS;
 
 static inline keel_home_t* home_of(keel_central_t* cl, unsigned line) {
@@ -233,10 +234,11 @@ static inline bool partial_others(keel_central_t* cl, keel_slab_t* s) {
 
 /* Line's lock held, no slab on its list: a slab of another line's list that this line
  * takes over (the next line's first, not its head where that has a second: the head is
- * the one its line takes from; while apart (transfer.h), not a lone head of a line a
- * thread works on either: its blocks would share cache lines with that thread's), with what it has
- * out; NULL if there is none. Locks are taken in line order: a line after this one's is
- * waited for, one before only tried. */
+ * the one its line takes from; while apart (transfer.h), not a lone head that another
+ * thread took from last and whose line was used in the last ticks either: its blocks
+ * would share cache lines with that thread's; a thread that moved to another processor
+ * takes its own back), with what it has out; NULL if there is none. Locks are taken in
+ * line order: a line after this one's is waited for, one before only tried. */
 static keel_slab_t* partial_adopt(keel_central_t* cl, unsigned line, bool apart) {
   uint32_t others = __atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) & ~(1u << line);
   while (others != 0) {
@@ -248,7 +250,8 @@ static keel_slab_t* partial_adopt(keel_central_t* cl, unsigned line, bool apart)
     else if (!keel_trylock(&h->lock)) continue;
     keel_slab_t* s = h->partial;
     if (s != NULL && s->next != NULL) s = s->next;
-    else if (s != NULL && apart && !_keel_transfer_line_idle(s->cls, from)) s = NULL; /* its thread's */
+    else if (s != NULL && apart && h->taker != _keel_thread.tag && !_keel_transfer_line_idle(s->cls, from))
+      s = NULL; /* another thread's */
     if (s != NULL) {
       partial_remove(cl, s);
       home_out_add(h, -(int64_t)s->used);
@@ -576,6 +579,7 @@ void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
   keel_central_t* cl = lock_line(cls, line);
   keel_home_t* h = home_of(cl, line);
   count_trip(cl, h, line);
+  h->taker = _keel_thread.tag;
   taken_t taken;
   taken_start(&taken, k);
   uint32_t n = 0;

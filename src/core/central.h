@@ -15,19 +15,20 @@
 
 /* ---- central free lists (central.c, borrow.c, slab_trim.c) ------------------------------
  * One per size class: the slabs that still have free blocks, which a thread goes to only
- * when the transfer cache has nothing for it or no room. On many cores they are split
- * by home line (the processor a thread runs on, central.c "Home lines"): each line has
+ * when the transfer cache has nothing for it or no room. On many cores, and on fewer
+ * while the process is affine (transfer.h), they are split by home line (the processor a thread runs on, central.c "Home lines"): each line has
  * its own lock, list and counts, and a slab belongs to one line, whose lock guards it.
  * What walks or changes a whole class (the purger, borrowing, meshing, statistics, the
- * verifier, fork) takes the class's lock: every line's, in line order. On fewer cores
- * every slab is line 0's, whose lock is then the class's only one. */
+ * verifier, fork) takes the class's lock: every line's, in line order. Otherwise every
+ * slab is line 0's, whose lock is then the class's only one. */
 typedef struct keel_home_s {
   keel_lock_t lock;
   keel_slab_t* partial; /* the line's slabs with free blocks */
   uint64_t out;         /* blocks out of the line's slabs: live, or in a cache */
   uint16_t trips;       /* takes from and gives to the line's slabs in purger tick trips_tick */
   uint8_t trips_tick;   /* (its low bits) */
-  uint8_t pad[5];
+  uint8_t taker;        /* tag of the thread that last took from the line's slabs */
+  uint8_t pad[4];
 } keel_home_t;
 _Static_assert(sizeof(keel_home_t) == 48, "keel_home_t is 48 bytes");
 

@@ -52,6 +52,7 @@ static uint64_t last_start_tick;            /* purger tick at which a thread las
 static void count_thread_start(void) {
   live_threads++;
   total_threads++;
+  _keel_thread.tag = (uint8_t)total_threads;
   __atomic_store_n(&last_start_tick, __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
 }
 

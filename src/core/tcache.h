@@ -99,6 +99,7 @@ static inline void keel_bin_set_countdown(keel_bin_t* b, uint32_t pops) {
 typedef struct keel_thread_s {
   keel_tcache_t* tc;
   uint8_t busy;
+  uint8_t tag; /* the thread's number modulo 256, once it has called a slow path */
   keel_tcache_t* own; /* its cache, even while `tc` is the empty one; NULL: none (any more) */
 } keel_thread_t;
 extern _Thread_local keel_thread_t _keel_thread KEEL_INTERNAL;

@@ -29,7 +29,7 @@ bool _keel_transfer_apart(void) KEEL_INTERNAL;
  * or KEEL_CPUS). Every line then has a core behind it, and a block that goes from one
  * core to another is a cache miss each time: batches stay on their thread's line and
  * slabs on their line's list (central.c). On fewer, the lines of idle processors are
- * room for bursts, and every slab is on one list. */
+ * room for bursts, and every slab is on one list unless the process is affine. */
 #define KEEL_MANY_CORES_LINES 8
 extern bool _keel_many_cores KEEL_INTERNAL;
 static inline bool keel_many_cores(void) { return __atomic_load_n(&_keel_many_cores, __ATOMIC_RELAXED); }
