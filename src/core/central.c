@@ -109,7 +109,7 @@ uint32_t _keel_central_parked_blocks(unsigned cls) { return _keel_transfer_block
  * from a slab that another core filled is a cache miss per block. Each line's share
  * (keel_home_t) has its own lock too, which guards the slabs on that line: a take locks
  * its own line, a put the line of each run's slab (central.h). Line 0's share is the
- * entry's own `home`, the only one used on fewer cores unless the process is affine
+ * entry's own `home`, the only one used on fewer cores unless threads are apart
  * (transfer.h); the others are a sparse array by line, then by the class's central
  * slot. */
 static keel_home_t homes[KEEL_TRANSFER_LINES - 1][KEEL_NUM_CLASSES] KEEL_SPARSE_BSS;
@@ -575,7 +575,8 @@ static inline keel_central_t* lock_line(unsigned cls, unsigned line) {
 
 void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
   const keel_class_t* k = &_keel_classes[cls];
-  unsigned line = keel_many_cores() || _keel_transfer_affine() ? _keel_transfer_home() : 0;
+  bool apart = _keel_transfer_apart();
+  unsigned line = keel_many_cores() || apart ? _keel_transfer_home() : 0;
   keel_central_t* cl = lock_line(cls, line);
   keel_home_t* h = home_of(cl, line);
   count_trip(cl, h, line);
@@ -586,7 +587,7 @@ void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
   bool grew = false;
   while (n < want && !taken_full(&taken)) {
     keel_slab_t* s = h->partial;
-    if (s == NULL && __atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) != 0) s = partial_adopt(cl, line, _keel_transfer_apart());
+    if (s == NULL && __atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) != 0) s = partial_adopt(cl, line, apart);
     if (s == NULL) {
       /* No slab with a free block: a parked batch goes back to its slabs rather than the
        * class taking a new slab beside it (a take too small for a batch - a young

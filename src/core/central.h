@@ -15,9 +15,10 @@
 
 /* ---- central free lists (central.c, borrow.c, slab_trim.c) ------------------------------
  * One per size class: the slabs that still have free blocks, which a thread goes to only
- * when the transfer cache has nothing for it or no room. On many cores, and on fewer
- * while the process is affine (transfer.h), they are split by home line (the processor a thread runs on, central.c "Home lines"): each line has
- * its own lock, list and counts, and a slab belongs to one line, whose lock guards it.
+ * when the transfer cache has nothing for it or no room. On many cores, and on fewer for
+ * threads that are apart (transfer.h), they are split by home line (the processor a
+ * thread runs on, central.c "Home lines"): each line has its own lock, list and counts,
+ * and a slab belongs to one line, whose lock guards it.
  * What walks or changes a whole class (the purger, borrowing, meshing, statistics, the
  * verifier, fork) takes the class's lock: every line's, in line order. Otherwise every
  * slab is line 0's, whose lock is then the class's only one. */

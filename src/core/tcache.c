@@ -184,7 +184,7 @@ static bool thread_register(void) {
   keel_lock(&registry_lock);
   count_thread_start();
   /* A young thread beside a cache: spread now, so that its takes come from its own
-   * processor's slabs (transfer.h, affine) rather than from the holes of the other's. */
+   * processor's slabs (transfer.h, apart) rather than from the holes of the other's. */
   if (live_threads >= 2 && _keel_live_caches >= 1) _keel_transfer_spread();
   keel_unlock(&registry_lock);
   _keel_prim_thread_bind(&_keel_tc_empty);

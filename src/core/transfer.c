@@ -81,14 +81,11 @@ unsigned _keel_transfer_lines(void) {
   return __atomic_load_n(&spread, __ATOMIC_ACQUIRE) ? __atomic_load_n(&line_count, __ATOMIC_RELAXED) : 1;
 }
 
-static inline bool affine_with(uint64_t live) {
-  return __atomic_load_n(&spread, __ATOMIC_ACQUIRE) && live <= __atomic_load_n(&cpu_count, __ATOMIC_RELAXED);
-}
-bool _keel_transfer_affine(void) { return affine_with(__atomic_load_n(&_keel_live_caches, __ATOMIC_RELAXED)); }
 bool _keel_transfer_apart(void) {
   uint64_t live = __atomic_load_n(&_keel_live_caches, __ATOMIC_RELAXED);
   /* a thread without a cache (a young one) is another thread beside any cache */
-  return live + (_keel_thread.own == NULL) >= 2 && affine_with(live);
+  return live + (_keel_thread.own == NULL) >= 2 && __atomic_load_n(&spread, __ATOMIC_ACQUIRE) &&
+         live <= __atomic_load_n(&cpu_count, __ATOMIC_RELAXED);
 }
 
 /* Lines that may hold batches (the walks of the purger, statistics and tests). */

@@ -18,18 +18,19 @@
 void _keel_transfer_spread(void) KEEL_INTERNAL;
 unsigned _keel_transfer_lines(void) KEEL_INTERNAL; /* lines in use now */
 unsigned _keel_transfer_home(void) KEEL_INTERNAL;  /* the calling thread's line now */
-/* Affine: the process has spread and has no more thread caches than processors, so each
- * thread likely runs alone on its own: a thread takes blocks from its processor's slabs
- * (central.c). Apart: affine, with another thread's cache: a thread also leaves alone the
+/* Apart: the process has spread, has no more thread caches than processors (each
+ * thread likely runs alone on its own) and another thread's cache beside the caller's.
+ * A thread then takes blocks from its processor's slabs (central.c) and leaves alone the
  * slab another line's thread takes from and the batches of another line's slabs, whose
- * blocks share cache lines with blocks that thread uses. */
-bool _keel_transfer_affine(void) KEEL_INTERNAL;
+ * blocks share cache lines with blocks that thread uses. One busy thread alone takes
+ * from one list: split by processor, its blocks would spread over a slab per processor
+ * it was moved to. */
 bool _keel_transfer_apart(void) KEEL_INTERNAL;
 /* Many processors: the process has spread over 8 lines or more (five processors or more,
  * or KEEL_CPUS). Every line then has a core behind it, and a block that goes from one
  * core to another is a cache miss each time: batches stay on their thread's line and
  * slabs on their line's list (central.c). On fewer, the lines of idle processors are
- * room for bursts, and every slab is on one list unless the process is affine. */
+ * room for bursts, and every slab is on one list unless threads are apart. */
 #define KEEL_MANY_CORES_LINES 8
 extern bool _keel_many_cores KEEL_INTERNAL;
 static inline bool keel_many_cores(void) { return __atomic_load_n(&_keel_many_cores, __ATOMIC_RELAXED); }

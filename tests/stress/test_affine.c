@@ -5,8 +5,8 @@
  * writing every block it gets. With blocks handed between threads through the slabs'
  * holes and the transfer cache, a third to a half of one thread's 16-byte blocks shared
  * a 64-byte line with the other's, and the two cores fought over those lines (a fifth of
- * the program's time). Keel's affine mode (transfer.h) keeps each processor's blocks in
- * its own slabs while there are no more thread caches than processors.
+ * the program's time). Keel now keeps such threads apart (transfer.h): each processor's
+ * blocks in its own slabs while there are no more thread caches than processors.
  *
  * Thread A is pinned to one processor and works alone first (its bins overflow and
  * refill, leaving holes in its slabs), then thread B, pinned to another, starts beside
@@ -85,7 +85,7 @@ int main(void) {
   }
   printf("processors %d and %d: %d of thread A's %d 16-byte blocks share a cache line with "
          "thread B's blocks\n", cpu_of[0], cpu_of[1], shared, small);
-  /* Before affine mode: 164-332 of 732 (3 runs); with it, none. A tenth leaves room for
+  /* Before: 164-332 of 732 (3 runs); apart, none. A tenth leaves room for
    * overflow batches taken from a thread's own line. */
   CHECK_MSG(shared * 10 <= small, "%d of %d of A's 16-byte blocks share lines with B's", shared, small);
   for (int k = 0; k < 2; k++)
