@@ -183,9 +183,9 @@ void* _keel_transfer_get(unsigned cls, uint32_t* n, bool* indexed) {
   const keel_class_t* k = &_keel_classes[cls];
   unsigned used = class_lines(cls, _keel_transfer_lines()), home = home_line(used);
   /* Apart (transfer.h): another line's batch only if its blocks' slabs are this
-   * processor's. Blocks of another thread's slabs
-   * share cache lines with blocks it still uses, and two cores writing one line cost
-   * a fifth of glibc's bench-malloc-thread at two threads (design.md, "Affine slabs"). */
+   * processor's. Blocks of another thread's slabs share cache lines with blocks it
+   * still uses, and two cores writing one line cost a fifth of glibc's
+   * bench-malloc-thread at two threads (design.md, "Threads apart"). */
   uintptr_t mine = _keel_transfer_apart() ? HOME_TAG(_keel_transfer_home()) : ~(uintptr_t)0;
   /* The slots a put may fill: a line's cap, or all of them on lines filled before the
    * process spread (line 0 with the one-line cap) - cheap to look at, never missed. */
