@@ -223,7 +223,7 @@ static keel_tcache_t* tcache_create(void) {
   t->owner = &_keel_thread;
   t->active_tick = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
   keel_lock(&registry_lock);
-  _keel_thread.own = t;
+  __atomic_store_n(&_keel_thread.own, t, __ATOMIC_RELAXED); /* read without the lock (transfer.c) */
   t->prev = NULL;
   t->next = registry;
   if (registry) registry->prev = t;
@@ -377,7 +377,7 @@ static void on_thread_exit(void* value) {
    * writes this thread's pointers, which are about to go with the thread. */
   keel_lock(&registry_lock);
   keel_tcache_t* t = _keel_thread.own;
-  _keel_thread.own = NULL;
+  __atomic_store_n(&_keel_thread.own, NULL, __ATOMIC_RELAXED);
   __atomic_store_n(&_keel_thread.tc, &_keel_tc_empty, __ATOMIC_RELAXED);
   if (t != NULL) {
     registry_unlink(t);
@@ -579,7 +579,7 @@ bool _keel_tcache_take_back_idle(uint64_t idle_ticks) {
      * new cache (tcache_rebind). */
     cache_flush(t, true);
     registry_unlink(t);
-    owner->own = NULL;
+    __atomic_store_n(&owner->own, NULL, __ATOMIC_RELAXED);
     __atomic_store_n(&_keel_live_caches, _keel_live_caches - 1, __ATOMIC_RELAXED);
     if (!_keel_tcache_slot_free(t)) { /* the static first cache waits on the spare list */
       t->kept = false;
