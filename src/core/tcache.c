@@ -229,6 +229,7 @@ static keel_tcache_t* tcache_create(void) {
   if (registry) registry->prev = t;
   registry = t;
   if (!kept) __atomic_store_n(&_keel_live_caches, _keel_live_caches + 1, __ATOMIC_RELAXED);
+  if (_keel_live_caches == 1 && _keel_transfer_lines() == 1) _keel_transfer_first_cache();
   if (_keel_live_caches >= 2) _keel_transfer_spread();
   if (was == THREAD_NEW) count_thread_start();
   __atomic_store_n(&_keel_thread.tc, t, __ATOMIC_RELAXED); /* the purger swaps it under the lock */

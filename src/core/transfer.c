@@ -105,8 +105,13 @@ static inline transfer_line_t* line_of(unsigned line, unsigned cls) {
   return &lines[line][__atomic_load_n(&_keel_central_slot[cls], __ATOMIC_ACQUIRE)];
 }
 
+/* Lines are numbered from the processor the first thread cache was made on: before the
+ * process spread, every slab and batch was line 0's, and they are that thread's. */
+static unsigned line_base;
+void _keel_transfer_first_cache(void) { __atomic_store_n(&line_base, _keel_prim_current_cpu(), __ATOMIC_RELAXED); }
+
 static inline unsigned home_line(unsigned used) {
-  return used == 1 ? 0 : _keel_prim_current_cpu() & (used - 1);
+  return used == 1 ? 0 : (_keel_prim_current_cpu() - __atomic_load_n(&line_base, __ATOMIC_RELAXED)) & (used - 1);
 }
 
 unsigned _keel_transfer_home(void) { return home_line(_keel_transfer_lines()); }

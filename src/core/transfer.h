@@ -16,6 +16,8 @@
 #define KEEL_TRANSFER_SLOTS 8 /* the largest transfer_max (size_class.c) */
 /* A second thread cache exists: count the processors, use every line from now on. */
 void _keel_transfer_spread(void) KEEL_INTERNAL;
+/* The process's first thread cache is made (the registry lock held), on the caller. */
+void _keel_transfer_first_cache(void) KEEL_INTERNAL;
 unsigned _keel_transfer_lines(void) KEEL_INTERNAL; /* lines in use now */
 unsigned _keel_transfer_home(void) KEEL_INTERNAL;  /* the calling thread's line now */
 /* Apart: the process has spread, has no more thread caches than processors (each
