@@ -14,14 +14,16 @@
  * empties one with one exchange. */
 #define KEEL_TRANSFER_LINES 16
 #define KEEL_TRANSFER_SLOTS 8 /* the largest transfer_max (size_class.c) */
-/* A second thread cache exists: count the processors, use every line from now on. */
+/* A second thread cache exists, or a second thread beside one: count the processors, use
+ * every line from now on. */
 void _keel_transfer_spread(void) KEEL_INTERNAL;
 /* The process's first thread cache is made (the registry lock held), on the caller. */
 void _keel_transfer_first_cache(void) KEEL_INTERNAL;
 unsigned _keel_transfer_lines(void) KEEL_INTERNAL; /* lines in use now */
 unsigned _keel_transfer_home(void) KEEL_INTERNAL;  /* the calling thread's line now */
 /* Apart: the process has spread, has no more thread caches than processors (each
- * thread likely runs alone on its own) and another thread's cache beside the caller's.
+ * thread likely runs alone on its own) and another thread's cache beside the caller's
+ * (or the caller is a young thread beside a cache).
  * A thread then takes blocks from its processor's slabs (central.c) and leaves alone the
  * slab another line's thread takes from and the batches of another line's slabs, whose
  * blocks share cache lines with blocks that thread uses. One busy thread alone takes
