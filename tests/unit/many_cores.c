@@ -74,20 +74,23 @@ static void run(void* (*fn)(void*), worker_t* w) {
 
 int main(void) {
   _keel_init();
-  /* The main thread takes a cache, so the first worker's is the second: the process
-   * spreads over its lines then. */
-  for (int i = 0; i < 200; i++) free(malloc(32));
-  void* probe = malloc(SIZE);
-  cls = keel_pagemap_get(probe);
-  free(probe);
-  CHECK(cls > 0 && cls < KEEL_NUM_CLASSES);
-  const keel_class_t* k = &_keel_classes[cls];
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
   sched_getaffinity(0, sizeof allowed, &allowed);
   int cpu0 = -1, cpu1 = -1;
   for (int c = 0; c < CPU_SETSIZE && cpu1 < 0; c++)
     if (CPU_ISSET(c, &allowed)) *(cpu0 < 0 ? &cpu0 : &cpu1) = c;
+  /* The main thread takes a cache, so the first worker's is the second: the process
+   * spreads over its lines then, numbered from the processor the main thread's cache
+   * was made on (transfer.c): cpu0, the first worker's, so its slabs are line 0's. */
+  pin(cpu0);
+  for (int i = 0; i < 200; i++) free(malloc(32));
+  void* probe = malloc(SIZE);
+  cls = keel_pagemap_get(probe);
+  free(probe);
+  CHECK(cls > 0 && cls < KEEL_NUM_CLASSES);
+  const keel_class_t* k = &_keel_classes[cls];
+  pthread_setaffinity_np(pthread_self(), sizeof allowed, &allowed); /* unpinned again */
 
   TEST_SECTION("a working set given back goes to its own line and its line's slabs");
   worker_t a = {.cpu = cpu0};
