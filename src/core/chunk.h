@@ -93,6 +93,8 @@ static inline void* keel_unit_addr(keel_chunk_t* c, unsigned unit) {
 static inline keel_slab_t* keel_span_head(keel_chunk_t* c, unsigned unit) {
   return &c->units[c->units[unit].head];
 }
+/* The head of the span that p lies in. */
+static inline keel_slab_t* keel_span_of(const void* p) { return keel_span_head(keel_chunk_of(p), keel_unit_index(p)); }
 /* Word w of the free bitmap of slab s (kept by its head unit); a word after the first
  * only once the slab has its rows (central.c, slab_rows_take). */
 #define KEEL_SLAB_BITS(s, w)                                              \
@@ -129,7 +131,7 @@ static inline uint64_t keel_slab_word(const keel_slab_t* s, uint32_t count, unsi
 /* The class of a block whose unit is tagged kind if it lies in a sampled slab, else 0. The
  * slab's class is written before its units are tagged and never changes while they are. */
 static inline unsigned keel_sampled_class(const void* p, uint8_t kind) {
-  return kind == KEEL_KIND_SAMPLED ? keel_span_head(keel_chunk_of(p), keel_unit_index(p))->cls : 0;
+  return kind == KEEL_KIND_SAMPLED ? keel_span_of(p)->cls : 0;
 }
 
 #endif /* KEEL_CHUNK_H */

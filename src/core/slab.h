@@ -14,11 +14,7 @@ static inline void* slab_base(keel_chunk_t* c, keel_slab_t* head) {
   return keel_unit_addr(c, (unsigned)(head - c->units));
 }
 
-/* The head of the span that p lies in. */
-static inline keel_slab_t* slab_of(const void* p) {
-  keel_chunk_t* c = keel_chunk_of(p);
-  return keel_span_head(c, keel_unit_index(p));
-}
+static inline keel_slab_t* slab_of(const void* p) { return keel_span_of(p); }
 
 /* Line share h's count of blocks out changes (its lock held): a relaxed store, as it is
  * read without the lock (summed, _keel_central_out). */

@@ -11,8 +11,9 @@
  * on different cores put and get on different lines, and meet only where one takes what
  * another left (a consumer's batches found by a producer), two threads on a line rather
  * than all of them on a class's lock. Until a process has a second thread cache (or a
- * second thread beside one, tcache.c), every batch stays on the first line, so a single-threaded process (a PostgreSQL backend)
- * writes one row of one page, whatever the number of processors.
+ * second thread beside one, tcache.c), every batch stays on the first line, so a
+ * single-threaded process (a PostgreSQL backend) writes one row of one page, whatever
+ * the number of processors.
  *
  * The lines of all classes are one sparse array indexed by line, then by the class's
  * central slot (its place in activation order, central.c): a process writes the rows of
@@ -60,8 +61,8 @@ bool _keel_many_cores; /* transfer.h */
  * the bursts of a class many threads trade in. Where that makes four (four processors
  * or fewer), eight lines, of which a class uses four until it is wide (above). Counted
  * when a second thread cache appears, or a second thread beside one (the registry lock
- * held), so a single-threaded process makes no system call for it; published before `spread`, which readers load
- * first. */
+ * held), so a single-threaded process makes no system call for it; published before
+ * `spread`, which readers load first. */
 void _keel_transfer_spread(void) {
   if (__atomic_load_n(&spread, __ATOMIC_ACQUIRE)) return;
   uint64_t asked = keel_opt(cpus);
@@ -159,7 +160,7 @@ static bool park_at(void** slot, void* entry) {
 #define ENTRY_BITS 15u
 #define HOME_TAG(line) ((uintptr_t)((line) & 3u) << ENTRY_HOME_SHIFT)
 static KEEL_NOINLINE void* entry_of(void* list, bool half, bool indexed) {
-  unsigned home = __atomic_load_n(&keel_span_head(keel_chunk_of(list), keel_unit_index(list))->home, __ATOMIC_RELAXED);
+  unsigned home = __atomic_load_n(&keel_span_of(list)->home, __ATOMIC_RELAXED);
   return (void*)((uintptr_t)list | (half ? ENTRY_HALF : 0u) | (indexed ? ENTRY_INDEXED : 0u) | HOME_TAG(home));
 }
 
@@ -193,8 +194,9 @@ void* _keel_transfer_get(unsigned cls, uint32_t* n, bool* indexed) {
    * still uses, and two cores writing one line cost a fifth of glibc's
    * bench-malloc-thread at two threads (design.md, "Threads apart"). The own line is
    * not filtered: filtering it too took mpmcmix at 2 threads from 0.09 to 3.2 lock
-   * trips per 1,000 pairs. */
-  uintptr_t mine = _keel_transfer_apart() ? HOME_TAG(_keel_transfer_home()) : ~(uintptr_t)0;
+   * trips per 1,000 pairs. `home` is the slabs' home line modulo 4 (both count from
+   * line_base and use at least four lines once spread). */
+  uintptr_t mine = _keel_transfer_apart() ? HOME_TAG(home) : ~(uintptr_t)0;
   /* The slots a put may fill: a line's cap, or all of them on lines filled before the
    * process spread (line 0 with the one-line cap) - cheap to look at, never missed. */
   for (unsigned i = 0; i < used; i++) {
