@@ -77,8 +77,12 @@ static uint32_t initial_max(unsigned cls) {
  * would only double their lock round trips (xthread at 64 threads: 5-9 % more time);
  * nor in a class whose lock is busy (central.h). */
 #define SMALL_CLASS_SLABS 4
+/* One thread cache in the process: no other thread could take what its bins hold, so
+ * neither rule above nor below spares the class anything (a program's only thread, a
+ * PostgreSQL backend). */
+static inline bool one_cache(void) { return __atomic_load_n(&_keel_live_caches, __ATOMIC_RELAXED) <= 1; }
 static uint32_t bin_batch(const keel_class_t* k, unsigned cls) {
-  if (k->batch < 2 || _keel_classes_are_fine() ||
+  if (k->batch < 2 || one_cache() || _keel_classes_are_fine() ||
       __atomic_load_n(&keel_central_of(cls)->slabs, __ATOMIC_RELAXED) >= SMALL_CLASS_SLABS ||
       _keel_central_busy(cls))
     return k->batch;
@@ -121,15 +125,28 @@ static KEEL_NOINLINE bool room_set(keel_tcache_t* t, size_t bytes) {
   return true;
 }
 
+/* A bin's limit: the class's, or ONE_CACHE_BINS times it for blocks up to
+ * ONE_CACHE_BIN_SIZE in the only cache. A thread whose working set of small blocks
+ * outgrows its bin hands each surplus block through the transfer cache and back, some
+ * 50 instructions a block (glibc's bench-malloc-simple: 1,600 blocks of 16-64 bytes, all
+ * freed, again and again); with one cache the bin may hold them instead. Larger blocks
+ * keep the limit: their round trip is small beside their use, and a single-threaded
+ * server's 1-32 KiB blocks (PostgreSQL's memory contexts) would sit in its bins. */
+#define ONE_CACHE_BINS 4u
+#define ONE_CACHE_BIN_SIZE 512u
+static inline uint32_t bin_limit(const keel_class_t* k) {
+  return k->size <= ONE_CACHE_BIN_SIZE && one_cache() ? k->bin_limit * ONE_CACHE_BINS : k->bin_limit;
+}
+
 /* More room for bin b, if its limit and the thread's byte budget allow. */
 static void bin_grow(keel_tcache_t* t, unsigned cls) {
   const keel_class_t* k = &_keel_classes[cls];
-  uint32_t max = t->bin[cls].max;
-  if (max >= k->bin_limit || _keel_options.check) return;
+  uint32_t max = t->bin[cls].max, limit = bin_limit(k);
+  if (max >= limit || _keel_options.check) return;
   if (max >= k->batch && bin_batch(k, cls) != k->batch) return; /* a small class */
   uint32_t grow = k->batch; /* past a batch */
   if (max < k->batch) grow = max == 0 ? 1 : max < k->batch - max ? max : k->batch - max; /* doubling */
-  if (max + grow > k->bin_limit) grow = k->bin_limit - max;
+  if (max + grow > limit) grow = limit - max;
   size_t bytes = t->max_bytes + (size_t)grow * k->size;
   if (bytes > cache_budget() || !room_set(t, bytes)) return;
   t->bin[cls].max += grow;
@@ -137,11 +154,14 @@ static void bin_grow(keel_tcache_t* t, unsigned cls) {
 }
 
 /* Less room for bin cls, which just handed n blocks back and holds room for at least
- * those, when the cache is over its budget (it grew while fewer threads shared the
- * total): up to n - 1 units, keeping one for the block being freed and at least one. */
+ * those, when the cache is over its budget or the bin over its limit (it grew while fewer
+ * threads shared the total, or while its cache was the only one): up to n - 1 units,
+ * keeping one for the block being freed and at least one. */
 static void bin_shrink(keel_tcache_t* t, unsigned cls, uint32_t n) {
-  uint32_t spare_room = (uint32_t)t->bin[cls].max - 1u, drop = n - 1u < spare_room ? n - 1u : spare_room;
-  if (drop == 0 || t->max_bytes <= cache_budget()) return;
+  uint32_t max = t->bin[cls].max, limit = bin_limit(&_keel_classes[cls]);
+  uint32_t spare_room = max - 1u, drop = n - 1u < spare_room ? n - 1u : spare_room;
+  if (t->max_bytes <= cache_budget()) drop = max <= limit ? 0 : drop < max - limit ? drop : max - limit;
+  if (drop == 0) return;
   t->bin[cls].max -= drop;
   t->bin[cls].avail -= drop;
   room_set(t, t->max_bytes - (size_t)drop * _keel_classes[cls].size);
