@@ -435,6 +435,14 @@ static void test_thread_cache(void) {
   /* the only cache: its bins of blocks up to 512 bytes may hold four times the class's limit */
   CHECK(_keel_live_caches == 1 && t->bin[cls].max > _keel_classes[cls].bin_limit &&
         t->bin[cls].max <= 4 * _keel_classes[cls].bin_limit);
+  /* once another cache lives (counted here without one), overflows give back the room
+   * above the class's limit */
+  __atomic_add_fetch(&_keel_live_caches, 1, __ATOMIC_RELAXED);
+  for (int i = 0; i < 2000; i++) many[i] = malloc(64);
+  for (int i = 0; i < 2000; i++) free(many[i]);
+  __atomic_sub_fetch(&_keel_live_caches, 1, __ATOMIC_RELAXED);
+  CHECK_MSG(t->bin[cls].max == _keel_classes[cls].bin_limit, "bin %u: max %u, limit %u", cls, t->bin[cls].max,
+            _keel_classes[cls].bin_limit);
   keel_thread_flush();
   CHECK(keel_bin_empty(t, cls));
   CHECK(!_keel_tcache_contains(t, cls, p));
