@@ -45,7 +45,7 @@ static keel_tcache_t* spare = &first_cache; /* caches of exited threads, for reu
 /* Caches in use or kept with their blocks (cache_budget's share, the transfer cache's
  * many-core policy): written under the registry lock, read without it. */
 uint64_t _keel_live_caches;
-static uint64_t kept_caches; /* of those, spares kept with their blocks (the same lock) */
+uint64_t _keel_caches_in_use; /* of those, caches a thread uses (tcache.h); the same lock */
 static uint64_t live_threads, total_threads; /* threads seen, young or with a cache */
 static uint64_t last_start_tick;            /* purger tick at which a thread last started */
 
@@ -80,11 +80,8 @@ static uint32_t initial_max(unsigned cls) {
 #define SMALL_CLASS_SLABS 4
 /* One thread cache in use in the process (an exited thread's, kept for the next, waits
  * unused): no other thread could take what its bins hold, so neither rule above nor
- * below spares the class anything (a program's only thread, a PostgreSQL backend). The
- * two counts are read apart: a reader between their updates errs by one, once. */
-static inline bool one_cache(void) {
-  return __atomic_load_n(&_keel_live_caches, __ATOMIC_RELAXED) - __atomic_load_n(&kept_caches, __ATOMIC_RELAXED) <= 1;
-}
+ * below spares the class anything (a program's only thread, a PostgreSQL backend). */
+static inline bool one_cache(void) { return __atomic_load_n(&_keel_caches_in_use, __ATOMIC_RELAXED) <= 1; }
 static uint32_t bin_batch(const keel_class_t* k, unsigned cls) {
   if (k->batch < 2 || one_cache() || _keel_classes_are_fine() ||
       __atomic_load_n(&keel_central_of(cls)->slabs, __ATOMIC_RELAXED) >= SMALL_CLASS_SLABS ||
@@ -253,7 +250,7 @@ static keel_tcache_t* tcache_create(void) {
   if (registry) registry->prev = t;
   registry = t;
   if (!kept) __atomic_store_n(&_keel_live_caches, _keel_live_caches + 1, __ATOMIC_RELAXED);
-  else __atomic_store_n(&kept_caches, kept_caches - 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&_keel_caches_in_use, _keel_caches_in_use + 1, __ATOMIC_RELAXED);
   if (_keel_live_caches == 1 && _keel_transfer_lines() == 1) _keel_transfer_first_cache();
   if (_keel_live_caches >= 2) _keel_transfer_spread();
   if (was == THREAD_NEW) count_thread_start();
@@ -382,7 +379,6 @@ void _keel_tcache_release_spares(uint64_t min_ticks) {
   for (keel_tcache_t* t = stale; t != NULL; last = t, t = t->next) {
     __atomic_store_n(&t->kept, false, __ATOMIC_RELAXED);
     __atomic_store_n(&_keel_live_caches, _keel_live_caches - 1, __ATOMIC_RELAXED);
-    __atomic_store_n(&kept_caches, kept_caches - 1, __ATOMIC_RELAXED);
   }
   last->next = spare;
   __atomic_store_n(&spare, stale, __ATOMIC_RELAXED);
@@ -430,7 +426,7 @@ static void on_thread_exit(void* value) {
     _keel_tcache_flush(t);
   keel_lock(&registry_lock);
   if (!keep) __atomic_store_n(&_keel_live_caches, _keel_live_caches - 1, __ATOMIC_RELAXED);
-  else __atomic_store_n(&kept_caches, kept_caches + 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&_keel_caches_in_use, _keel_caches_in_use - 1, __ATOMIC_RELAXED);
   live_threads--;
   __atomic_store_n(&t->kept, keep, __ATOMIC_RELAXED);
   t->spare_since = now;
@@ -609,6 +605,7 @@ bool _keel_tcache_take_back_idle(uint64_t idle_ticks) {
     registry_unlink(t);
     __atomic_store_n(&owner->own, NULL, __ATOMIC_RELAXED);
     __atomic_store_n(&_keel_live_caches, _keel_live_caches - 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&_keel_caches_in_use, _keel_caches_in_use - 1, __ATOMIC_RELAXED);
     if (!_keel_tcache_slot_free(t)) { /* the static first cache waits on the spare list */
       t->kept = false;
       t->next = spare;
@@ -627,6 +624,16 @@ bool _keel_tcache_contains(keel_tcache_t* t, unsigned cls, void* p) {
   for (uint32_t i = 0; i < count && q != NULL; i++, q = keel_link_next(q, cls))
     if (q == p) return true;
   return false;
+}
+
+KEEL_COLD bool _keel_tcache_counts_agree(void) {
+  keel_lock(&registry_lock);
+  uint64_t in_use = 0, kept = 0;
+  for (const keel_tcache_t* t = registry; t != NULL; t = t->next) in_use++;
+  for (const keel_tcache_t* t = spare; t != NULL; t = t->next) kept += t->kept;
+  bool agree = in_use == _keel_caches_in_use && in_use + kept == _keel_live_caches;
+  keel_unlock(&registry_lock);
+  return agree;
 }
 
 void _keel_tcache_lock_all(void) { keel_lock(&registry_lock); }
@@ -657,7 +664,7 @@ void _keel_tcache_after_fork_child(void) {
     else t->max_bytes = 0;
   }
   __atomic_store_n(&_keel_live_caches, counted, __ATOMIC_RELAXED);
-  __atomic_store_n(&kept_caches, counted - (mine != &_keel_tc_empty), __ATOMIC_RELAXED);
+  __atomic_store_n(&_keel_caches_in_use, mine != &_keel_tc_empty ? 1 : 0, __ATOMIC_RELAXED);
   __atomic_store_n(&room_above_floors, room, __ATOMIC_RELAXED);
   if (mine != &_keel_tc_empty) {
     mine->next = mine->prev = NULL;

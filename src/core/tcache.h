@@ -123,6 +123,8 @@ extern uintptr_t _keel_free_key KEEL_INTERNAL;
 
 /* Thread caches in use, or kept with their blocks for the next thread (tcache.c). */
 extern uint64_t _keel_live_caches KEEL_INTERNAL;
+/* Of those, the caches a thread uses now (not spares kept for the next thread). */
+extern uint64_t _keel_caches_in_use KEEL_INTERNAL;
 
 /* borrow_for: the request's size where its block may be of a larger class (borrow.c),
  * else 0. */
@@ -145,6 +147,9 @@ extern uint64_t _keel_caches_taken_back KEEL_INTERNAL; /* so far (statistics) */
  * slot (NULL if out of memory); and giving one back, false if t is not in a slot. */
 keel_tcache_t* _keel_tcache_slot_alloc(void) KEEL_INTERNAL;
 bool _keel_tcache_slot_free(keel_tcache_t* t) KEEL_INTERNAL;
+/* The counts of caches live and in use match the registry and the kept spares
+ * (_keel_verify; takes the registry lock). */
+bool _keel_tcache_counts_agree(void) KEEL_INTERNAL;
 /* True if p is in t's bin of class cls (tests and diagnostics). */
 bool _keel_tcache_contains(keel_tcache_t* t, unsigned cls, void* p) KEEL_INTERNAL;
 void _keel_tcache_lock_all(void) KEEL_INTERNAL;

@@ -21,7 +21,7 @@ void _keel_transfer_spread(void) KEEL_INTERNAL;
 void _keel_transfer_first_cache(void) KEEL_INTERNAL;
 unsigned _keel_transfer_lines(void) KEEL_INTERNAL; /* lines in use now */
 unsigned _keel_transfer_home(void) KEEL_INTERNAL;  /* the calling thread's line now */
-/* Apart: the process has spread, has no more thread caches than processors (each
+/* Apart: the process has spread, has no more thread caches in use than processors (each
  * thread likely runs alone on its own) and another thread's cache beside the caller's
  * (or the caller is a young thread beside a cache).
  * A thread then takes blocks from its processor's slabs (central.c) and leaves alone the

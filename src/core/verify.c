@@ -136,6 +136,7 @@ void _keel_verify(void) {
   _keel_mesh_verify();
   _keel_pageheap_unlock_all();
   _keel_central_unlock_all();
+  VERIFY(_keel_tcache_counts_agree());
   /* The calling thread's own cache (other threads' caches change under our feet). */
   keel_tcache_t* t = _keel_thread.tc;
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
