@@ -404,6 +404,7 @@ static void on_thread_exit(void* value) {
   __atomic_store_n(&_keel_thread.tc, &_keel_tc_empty, __ATOMIC_RELAXED);
   if (t != NULL) {
     registry_unlink(t);
+    __atomic_store_n(&_keel_caches_in_use, _keel_caches_in_use - 1, __ATOMIC_RELAXED);
   } else {
     live_threads--; /* a young thread, or one whose cache was given back */
   }
@@ -426,7 +427,6 @@ static void on_thread_exit(void* value) {
     _keel_tcache_flush(t);
   keel_lock(&registry_lock);
   if (!keep) __atomic_store_n(&_keel_live_caches, _keel_live_caches - 1, __ATOMIC_RELAXED);
-  __atomic_store_n(&_keel_caches_in_use, _keel_caches_in_use - 1, __ATOMIC_RELAXED);
   live_threads--;
   __atomic_store_n(&t->kept, keep, __ATOMIC_RELAXED);
   t->spare_since = now;
@@ -626,12 +626,15 @@ bool _keel_tcache_contains(keel_tcache_t* t, unsigned cls, void* p) {
   return false;
 }
 
+/* The registry is the caches in use, exactly. A cache on its way between the registry
+ * and the spares (a thread ending, one adopting a spare, the purger emptying spares) is
+ * on neither list for a while, still counted live. */
 KEEL_COLD bool _keel_tcache_counts_agree(void) {
   keel_lock(&registry_lock);
   uint64_t in_use = 0, kept = 0;
   for (const keel_tcache_t* t = registry; t != NULL; t = t->next) in_use++;
   for (const keel_tcache_t* t = spare; t != NULL; t = t->next) kept += t->kept;
-  bool agree = in_use == _keel_caches_in_use && in_use + kept == _keel_live_caches;
+  bool agree = in_use == _keel_caches_in_use && in_use + kept <= _keel_live_caches;
   keel_unlock(&registry_lock);
   return agree;
 }

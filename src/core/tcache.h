@@ -147,8 +147,8 @@ extern uint64_t _keel_caches_taken_back KEEL_INTERNAL; /* so far (statistics) */
  * slot (NULL if out of memory); and giving one back, false if t is not in a slot. */
 keel_tcache_t* _keel_tcache_slot_alloc(void) KEEL_INTERNAL;
 bool _keel_tcache_slot_free(keel_tcache_t* t) KEEL_INTERNAL;
-/* The counts of caches live and in use match the registry and the kept spares
- * (_keel_verify; takes the registry lock). */
+/* The count of caches in use is the registry's, and the live count covers the registry
+ * and the kept spares (_keel_verify; takes the registry lock). */
 bool _keel_tcache_counts_agree(void) KEEL_INTERNAL;
 /* True if p is in t's bin of class cls (tests and diagnostics). */
 bool _keel_tcache_contains(keel_tcache_t* t, unsigned cls, void* p) KEEL_INTERNAL;
