@@ -318,7 +318,7 @@ static void* carve(unsigned cls) {
 /* The carved hole that block p (in a unit tagged KEEL_KIND_CARVED) lies in, or NULL if p
  * is in one of the slab's own blocks; *lender gets the slab's class. */
 static keel_carve_t* carved_hole_of(const void* p, unsigned* lender) {
-  keel_slab_t* s = slab_of(p);
+  keel_slab_t* s = keel_span_of(p);
   unsigned cls = s->cls;
   const keel_class_t* k = &_keel_classes[cls];
   keel_central_t* cl = keel_central_of(cls);
@@ -347,7 +347,7 @@ static long carved_index(const keel_carve_t* d, const void* p) {
 
 /* Hole d's last block came back: the hole goes back to its class. */
 static void carve_release(keel_carve_t* d) {
-  keel_slab_t* s = slab_of(d);
+  keel_slab_t* s = keel_span_of(d);
   unsigned lender = s->cls;
   const keel_class_t* k = &_keel_classes[lender];
   keel_central_t* cl = keel_central_of(lender);
@@ -409,7 +409,7 @@ KEEL_COLD bool _keel_central_verify_carved(unsigned cls) {
     if (d->cls != cls || !d->listed || d->free == 0 || d->count < CARVE_MIN || d->count > CARVE_MAX ||
         d->used + (unsigned)__builtin_popcountll(d->free) != d->count)
       return false;
-    keel_slab_t* s = slab_of(d);
+    keel_slab_t* s = keel_span_of(d);
     if (s->state != KEEL_UNIT_SLAB || s->carved == 0 || keel_pagemap_get(d) != KEEL_KIND_CARVED) return false;
   }
   return true;

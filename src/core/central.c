@@ -655,7 +655,7 @@ static long block_index(unsigned cls, keel_slab_t* head, const void* p) {
 }
 
 void* _keel_block_start(unsigned cls, const void* p, bool* exact) {
-  keel_slab_t* s = slab_of(p);
+  keel_slab_t* s = keel_span_of(p);
   const keel_class_t* k = &_keel_classes[cls];
   uintptr_t base = (uintptr_t)slab_base(keel_chunk_of(s), s);
   uint64_t idx = ((uint64_t)((uintptr_t)p - base) * k->div_magic) >> 40;
@@ -717,7 +717,7 @@ static KEEL_COLD void let_go(held_t held) {
 /* Block p of class cls, its slab and its index, or a stop naming the bad free (what is
  * held let go first). */
 static KEEL_ALWAYS_INLINE keel_slab_t* slab_of_block(held_t held, unsigned cls, const void* p, size_t* idx) {
-  keel_slab_t* s = slab_of(p);
+  keel_slab_t* s = keel_span_of(p);
   long i = s->state == KEEL_UNIT_SLAB && s->cls == cls ? block_index(cls, s, p) : -1;
   if (i < 0) {
     let_go(held);
@@ -923,7 +923,7 @@ static void find_in_list(void* list, uint32_t n, void* ctx) {
 KEEL_COLD bool _keel_central_is_free(unsigned cls, void* p) {
   keel_central_t* cl = keel_central_of(cls);
   _keel_central_lock_class(cl);
-  keel_slab_t* s = slab_of(p);
+  keel_slab_t* s = keel_span_of(p);
   bool is_free = false;
   if (s->state == KEEL_UNIT_SLAB && s->cls == cls) {
     long idx = block_index(cls, s, p);

@@ -14,8 +14,6 @@ static inline void* slab_base(keel_chunk_t* c, keel_slab_t* head) {
   return keel_unit_addr(c, (unsigned)(head - c->units));
 }
 
-static inline keel_slab_t* slab_of(const void* p) { return keel_span_of(p); }
-
 /* Line share h's count of blocks out changes (its lock held): a relaxed store, as it is
  * read without the lock (summed, _keel_central_out). */
 static inline void home_out_add(keel_home_t* h, int64_t n) {

@@ -161,7 +161,10 @@ static void bin_grow(keel_tcache_t* t, unsigned cls) {
 static void bin_shrink(keel_tcache_t* t, unsigned cls, uint32_t n) {
   uint32_t max = t->bin[cls].max, limit = bin_limit(&_keel_classes[cls]);
   uint32_t spare_room = max - 1u, drop = n - 1u < spare_room ? n - 1u : spare_room;
-  if (t->max_bytes <= cache_budget()) drop = max <= limit ? 0 : drop < max - limit ? drop : max - limit;
+  if (t->max_bytes <= cache_budget()) { /* within budget: only the room above the limit */
+    uint32_t above = max > limit ? max - limit : 0u;
+    if (drop > above) drop = above;
+  }
   if (drop == 0) return;
   t->bin[cls].max -= drop;
   t->bin[cls].avail -= drop;

@@ -84,8 +84,9 @@ unsigned _keel_transfer_lines(void) {
 }
 
 bool _keel_transfer_apart(void) {
-  uint64_t live = __atomic_load_n(&_keel_caches_in_use, __ATOMIC_RELAXED); /* not a spare kept for the next thread */
-  /* a thread without a cache (a young one) is another thread beside any cache */
+  /* caches in use, not spares kept for the next thread; a thread without a cache (a
+   * young one) is another thread beside any cache */
+  uint64_t live = __atomic_load_n(&_keel_caches_in_use, __ATOMIC_RELAXED);
   return live + (__atomic_load_n(&_keel_thread.own, __ATOMIC_RELAXED) == NULL) >= 2 &&
          __atomic_load_n(&spread, __ATOMIC_ACQUIRE) && live <= __atomic_load_n(&cpu_count, __ATOMIC_RELAXED);
 }
