@@ -57,15 +57,6 @@ static void count_thread_start(void) {
   __atomic_store_n(&last_start_tick, __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
 }
 
-/* Slow start: a bin starts with room for one block and doubles each time it runs dry or
- * overflows, up to a batch, then grows by batches up to its limit. A thread that
- * allocates a little therefore takes only a little from the shared slabs (and touches
- * no other memory), while a busy thread reaches full batches after a few misses. */
-static uint32_t initial_max(unsigned cls) {
-  /* checked mode: no caching at all; classes above KEEL_CACHED_MAX: never cached */
-  return _keel_options.check || _keel_classes[cls].bin_limit == 0 ? 0 : 1;
-}
-
 /* Small classes of a small heap move half batches. A class whose slabs are few holds
  * few blocks in all, and bins of two batches in each thread plus the transfer cache
  * kept a third of them free (xthread: four threads trading 32 B-8 KiB objects, 30
@@ -135,12 +126,28 @@ static KEEL_NOINLINE bool room_set(keel_tcache_t* t, size_t bytes) {
  * server's 1-32 KiB blocks (PostgreSQL's memory contexts) would sit in its bins. */
 #define ONE_CACHE_BINS 4u
 #define ONE_CACHE_BIN_SIZE 512u
-static inline uint32_t bin_limit(const keel_class_t* k) {
-  return k->size <= ONE_CACHE_BIN_SIZE && one_cache() ? k->bin_limit * ONE_CACHE_BINS : k->bin_limit;
+/* Blocks above SHARED_MIN skip the thread caches while two caches or more are in use
+ * (their bins' limit is 0): they go from a free to the next malloc of any thread through
+ * the transfer cache (batches of one, a compare-and-swap each way) rather than waiting
+ * in a thread's bin until that thread uses the class again. Each of Sphinx's sixteen
+ * connection threads held one or two blocks of each 8-32 KiB class it had used, 1.5 MiB
+ * in all, flat, where a thread between two queries needs none. The only cache keeps
+ * them (a PostgreSQL backend's 8-32 KiB memory-context blocks). */
+#define SHARED_MIN (8u << 10)
+static KEEL_NOINLINE uint32_t bin_limit(const keel_class_t* k) {
+  if (!one_cache()) return k->size > SHARED_MIN ? 0u : k->bin_limit;
+  return k->size <= ONE_CACHE_BIN_SIZE ? k->bin_limit * ONE_CACHE_BINS : k->bin_limit;
 }
 
+/* Slow start: a bin starts with room for one block and doubles each time it runs dry or
+ * overflows, up to a batch, then grows by batches up to its limit. A thread that
+ * allocates a little therefore takes only a little from the shared slabs (and touches
+ * no other memory), while a busy thread reaches full batches after a few misses. No
+ * room at all in checked mode, for classes above KEEL_CACHED_MAX and for shared ones. */
+static uint32_t initial_max(unsigned cls) { return _keel_options.check || bin_limit(&_keel_classes[cls]) == 0 ? 0 : 1; }
+
 /* More room for bin b, if its limit and the thread's byte budget allow. */
-static void bin_grow(keel_tcache_t* t, unsigned cls) {
+static KEEL_NOINLINE void bin_grow(keel_tcache_t* t, unsigned cls) {
   const keel_class_t* k = &_keel_classes[cls];
   uint32_t max = t->bin[cls].max, limit = bin_limit(k);
   if (max >= limit || _keel_options.check) return;
@@ -345,6 +352,13 @@ static void bin_give_back(keel_tcache_t* t, unsigned cls, bool keep_rest) {
   }
 }
 
+/* Whether bin cls of t caches now (it has no room): a shared class's bin opens again once
+ * its cache is the only one in use. */
+static KEEL_NOINLINE bool bin_open(keel_tcache_t* t, unsigned cls) {
+  bin_grow(t, cls);
+  return t->bin[cls].max != 0;
+}
+
 /* Gives every cached block back: through the central lists, or straight to the slabs. */
 static void cache_flush(keel_tcache_t* t, bool to_slabs) {
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
@@ -497,7 +511,7 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, size_t borrow_for)
 #endif
   if (t == &_keel_tc_empty) t = tcache_or_young();
   if (t != NULL) mark_active(t);
-  bool cached = t != NULL && t->bin[cls].max != 0; /* else cacheless, or an uncached class */
+  bool cached = t != NULL && (t->bin[cls].max != 0 || bin_open(t, cls)); /* else cacheless, or uncached */
   uint32_t want = 0;
   bool looked = false; /* the transfer cache was searched and had nothing */
   if (cached && keel_bin_empty(t, cls)) {

@@ -446,6 +446,24 @@ static void test_thread_cache(void) {
   keel_thread_flush();
   CHECK(keel_bin_empty(t, cls));
   CHECK(!_keel_tcache_contains(t, cls, p));
+  /* blocks above 8 KiB: cached by the only cache; with another cache in use, the bin
+   * has no room after a flush and the block freed is the next malloc's of any thread,
+   * through the transfer cache */
+  unsigned big = keel_size_class(16 << 10);
+  for (int i = 0; i < 8; i++) free(malloc(16 << 10));
+  CHECK(t->bin[big].max >= 1);
+  __atomic_add_fetch(&_keel_caches_in_use, 1, __ATOMIC_RELAXED);
+  keel_thread_flush();
+  CHECK_MSG(t->bin[big].max == 0, "16 KiB bin: max %u with two caches", t->bin[big].max);
+  void* q = malloc(16 << 10);
+  free(q);
+  CHECK(keel_bin_empty(t, big) && t->bin[big].max == 0);
+  CHECK(malloc(16 << 10) == q);
+  free(q);
+  __atomic_sub_fetch(&_keel_caches_in_use, 1, __ATOMIC_RELAXED);
+  for (int i = 0; i < 8; i++) free(malloc(16 << 10)); /* the only cache again: cached */
+  CHECK_MSG(t->bin[big].max >= 1 && !keel_bin_empty(t, big), "16 KiB bin: max %u with one cache", t->bin[big].max);
+  keel_thread_flush();
 }
 
 /* A thread that works long enough to get a cache, then ends. */
