@@ -134,6 +134,8 @@ static KEEL_NOINLINE bool room_set(keel_tcache_t* t, size_t bytes) {
  * in all, flat, where a thread between two queries needs none. The only cache keeps
  * them (a PostgreSQL backend's 8-32 KiB memory-context blocks). */
 #define SHARED_MIN (8u << 10)
+/* Not inlined, nor is bin_grow: copies in each slow path pushed the hot text past its
+ * 64 KiB window (src/hot_text.ld). */
 static KEEL_NOINLINE uint32_t bin_limit(const keel_class_t* k) {
   if (!one_cache()) return k->size > SHARED_MIN ? 0u : k->bin_limit;
   return k->size <= ONE_CACHE_BIN_SIZE ? k->bin_limit * ONE_CACHE_BINS : k->bin_limit;
@@ -144,7 +146,9 @@ static KEEL_NOINLINE uint32_t bin_limit(const keel_class_t* k) {
  * allocates a little therefore takes only a little from the shared slabs (and touches
  * no other memory), while a busy thread reaches full batches after a few misses. No
  * room at all in checked mode, for classes above KEEL_CACHED_MAX and for shared ones. */
-static uint32_t initial_max(unsigned cls) { return _keel_options.check || bin_limit(&_keel_classes[cls]) == 0 ? 0 : 1; }
+static uint32_t initial_max(unsigned cls) {
+  return _keel_options.check || bin_limit(&_keel_classes[cls]) == 0 ? 0 : 1;
+}
 
 /* More room for bin b, if its limit and the thread's byte budget allow. */
 static KEEL_NOINLINE void bin_grow(keel_tcache_t* t, unsigned cls) {
