@@ -134,10 +134,12 @@ static KEEL_NOINLINE bool room_set(keel_tcache_t* t, size_t bytes) {
  * in all, flat, where a thread between two queries needs none. The only cache keeps
  * them (a PostgreSQL backend's 8-32 KiB memory-context blocks). */
 #define SHARED_MIN (8u << 10)
+static inline bool shared_now(const keel_class_t* k) { return k->size > SHARED_MIN && !one_cache(); }
 /* Not inlined, nor is bin_grow: copies in each slow path pushed the hot text past its
  * 64 KiB window (src/hot_text.ld). */
 static KEEL_NOINLINE uint32_t bin_limit(const keel_class_t* k) {
-  if (!one_cache()) return k->size > SHARED_MIN ? 0u : k->bin_limit;
+  if (shared_now(k)) return 0u;
+  if (!one_cache()) return k->bin_limit;
   return k->size <= ONE_CACHE_BIN_SIZE ? k->bin_limit * ONE_CACHE_BINS : k->bin_limit;
 }
 
@@ -463,17 +465,38 @@ void _keel_tcache_thread_flush(void) {
   keel_tc_leave();
 }
 
+static void* one_block(void* p) {
+  ((void**)p)[1] = NULL; /* the free key */
+  return p;
+}
+
 /* Without a cache (while young, while creating one, or after the thread's exit handler
  * ran) blocks come from and go to the central list one at a time. */
 static void* central_alloc_one(unsigned cls) {
   uint32_t got;
-  void** p = (void**)_keel_central_take(cls, 1, &got);
+  void* p = _keel_central_take(cls, 1, &got);
   if (p == NULL) {
     _keel_prim_set_errno(_keel_prim_errno_enomem());
     return NULL;
   }
-  p[1] = NULL;
-  return p;
+  return one_block(p);
+}
+
+/* A block of a shared class (its bin has no room while shared_now) goes from a free to
+ * the next malloc on the same processor through the processor's cache (cpu_cache.c),
+ * and on to other processors through the transfer cache, a batch of one. */
+static KEEL_NOINLINE void* shared_take(unsigned cls, bool* looked) {
+  void* p = _keel_cpu_cache_get(cls);
+  if (p == NULL) {
+    uint32_t got;
+    p = _keel_central_take_parked(cls, 1, &got);
+    *looked = p == NULL && _keel_central_parks(cls, 1);
+  }
+  return p != NULL ? one_block(p) : NULL;
+}
+static KEEL_NOINLINE void shared_give(unsigned cls, void* p) {
+  ((uintptr_t*)p)[1] = _keel_free_key;
+  if (!_keel_cpu_cache_put(cls, p)) _keel_central_give(cls, keel_freed_one(p), 1);
 }
 
 /* The first block of a bin that has one, handed out. */
@@ -515,9 +538,15 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, size_t borrow_for)
 #endif
   if (t == &_keel_tc_empty) t = tcache_or_young();
   if (t != NULL) mark_active(t);
-  bool cached = t != NULL && (t->bin[cls].max != 0 || bin_open(t, cls)); /* else cacheless, or uncached */
+  bool cached, looked = false; /* looked: the transfer cache was searched and had nothing */
+  if (t != NULL && t->bin[cls].max == 0 && shared_now(&_keel_classes[cls])) {
+    void* p = shared_take(cls, &looked);
+    if (p != NULL) return p;
+    cached = false;
+  } else {
+    cached = t != NULL && (t->bin[cls].max != 0 || bin_open(t, cls)); /* else cacheless, or uncached */
+  }
   uint32_t want = 0;
-  bool looked = false; /* the transfer cache was searched and had nothing */
   if (cached && keel_bin_empty(t, cls)) {
     want = refill_want(t, cls);
     uint32_t got;
@@ -554,7 +583,8 @@ void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
   if (t == &_keel_tc_empty) t = tcache_for_free();
   if (t != NULL) mark_active(t);
   if (t == NULL || t->bin[cls].max == 0) { /* cacheless, or an uncached class */
-    _keel_central_give(cls, keel_freed_one(p), 1);
+    if (t != NULL && shared_now(&_keel_classes[cls])) shared_give(cls, p);
+    else _keel_central_give(cls, keel_freed_one(p), 1);
     return;
   }
   if (t->bin[cls].avail == 0) {

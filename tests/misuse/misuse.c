@@ -16,6 +16,7 @@
 #endif
 #include <malloc.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,6 +101,67 @@ static void double_free_small_cross_thread(void) {
   }
   pthread_join(t, NULL);
   do_free(a);
+}
+
+/* Blocks above 8 KiB skip the thread caches while two caches are in use: this thread
+ * and a helper get one (a thread's first 64 slow-path calls are a young thread's, with
+ * no cache), and the helper waits. */
+static pthread_barrier_t helper_done;
+static void get_a_cache(void) {
+  for (int i = 0; i < 100; i++) (void)opaque(malloc(64)); /* kept */
+}
+static void* helper_with_cache(void* arg) {
+  (void)arg;
+  get_a_cache();
+  pthread_barrier_wait(&helper_done);
+  pause(); /* alive, with its cache, until the process ends */
+  return NULL;
+}
+static void start_helper_with_cache(void) {
+  get_a_cache();
+  pthread_t t;
+  pthread_barrier_init(&helper_done, NULL, 2);
+  if (pthread_create(&t, NULL, helper_with_cache, NULL) != 0) {
+    fprintf(stderr, "misuse: pthread_create failed\n");
+    exit(2);
+  }
+  pthread_barrier_wait(&helper_done);
+#ifdef KEEL_TESTING_KEEL
+  keel_thread_flush(); /* this thread's bins start again, with no room for such blocks */
+#endif
+}
+
+/* The block waits in its processor's cache (src/core/cpu_cache.c), or in the transfer
+ * cache where rseq is unavailable. */
+static void double_free_shared(void) {
+  start_helper_with_cache();
+  char* a = malloc(16 << 10);
+  memset(a, 1, 16 << 10);
+  free(opaque(a));
+  do_free(a);
+}
+
+/* A write into a free 16 KiB block in this processor's cache: the next malloc of that
+ * size finds the list's link broken. Where glibc registers no rseq area there is no
+ * processor cache: skipped (77). */
+extern const unsigned int __rseq_size __attribute__((weak));
+static void write_into_cpu_cache(void) {
+  if (&__rseq_size == NULL || __rseq_size == 0) {
+    fprintf(stderr, "misuse: %s: no rseq area: skipped\n", current_case);
+    exit(77);
+  }
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu(), &one);
+  sched_setaffinity(0, sizeof one, &one); /* the free and the malloc on one processor */
+  start_helper_with_cache();
+  char* a = malloc(16 << 10);
+  memset(a, 1, 16 << 10);
+  free(opaque(a));
+  memset(opaque(a), 0x41, 8); /* a use after free: the block's first word */
+  announce("malloc", a);
+  void* b = malloc(16 << 10);
+  (void)opaque(b);
 }
 
 static void double_free_large(void) {
@@ -366,6 +428,8 @@ static const struct misuse_case cases[] = {
     {"double_free_small_immediate", double_free_small_immediate},
     {"double_free_small_flushed", double_free_small_flushed},
     {"double_free_small_cross_thread", double_free_small_cross_thread},
+    {"double_free_shared", double_free_shared},
+    {"write_into_cpu_cache", write_into_cpu_cache},
     {"double_free_large", double_free_large},
     {"double_free_huge", double_free_huge},
     {"double_free_aligned", double_free_aligned},

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -464,6 +465,44 @@ static void test_thread_cache(void) {
   for (int i = 0; i < 8; i++) free(malloc(16 << 10)); /* the only cache again: cached */
   CHECK_MSG(t->bin[big].max >= 1 && !keel_bin_empty(t, big), "16 KiB bin: max %u with one cache", t->bin[big].max);
   keel_thread_flush();
+}
+
+/* The processors' caches (cpu_cache.c): with two thread caches in use, a freed block
+ * above 8 KiB waits in its processor's cache, up to KEEL_CPU_LIST_CAP of them (the rest
+ * go to the transfer cache), the last one freed is the next malloc's, and a drain (the
+ * purger's, keel_purge's) empties them. Where glibc registered no rseq area nothing is
+ * kept there. Pinned, so that the frees and the mallocs meet one processor's cache. */
+static void test_cpu_cache(void) {
+  TEST_SECTION("processor caches");
+  cpu_set_t was, one;
+  CHECK(sched_getaffinity(0, sizeof was, &was) == 0);
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu(), &one);
+  CHECK(sched_setaffinity(0, sizeof one, &one) == 0);
+  unsigned big = keel_size_class(16 << 10);
+  __atomic_add_fetch(&_keel_caches_in_use, 1, __ATOMIC_RELAXED);
+  keel_thread_flush();
+  _keel_cpu_cache_drain();
+  CHECK(_keel_cpu_cache_blocks(big) == 0);
+  enum { N = KEEL_CPU_LIST_CAP + 3 };
+  void* b[N];
+  for (int i = 0; i < N; i++) b[i] = malloc(16 << 10);
+  for (int i = 0; i < N; i++) free(b[i]);
+  bool lists = keel_prim_rseq() != NULL && KEEL_PRIM_CPU_LISTS && !KEEL_TSAN;
+  uint32_t held = _keel_cpu_cache_blocks(big);
+  CHECK_MSG(held == (lists ? KEEL_CPU_LIST_CAP : 0u), "%u blocks in the processor caches", held);
+  void* q = malloc(16 << 10);
+  CHECK_MSG(!lists || q == b[KEEL_CPU_LIST_CAP - 1], "malloc %p, last kept %p", q, b[KEEL_CPU_LIST_CAP - 1]);
+  CHECK(_keel_cpu_cache_blocks(big) == (lists ? KEEL_CPU_LIST_CAP - 1u : 0u));
+  CHECK(((uintptr_t*)q)[1] == 0); /* the free key cleared */
+  free(q);
+  keel_stats_t st = keel_stats_now();
+  CHECK(st.cached >= (uint64_t)held * _keel_classes[big].size);
+  _keel_cpu_cache_drain();
+  CHECK(_keel_cpu_cache_blocks(big) == 0);
+  __atomic_sub_fetch(&_keel_caches_in_use, 1, __ATOMIC_RELAXED);
+  _keel_verify();
+  CHECK(sched_setaffinity(0, sizeof was, &was) == 0);
 }
 
 /* A thread that works long enough to get a cache, then ends. */
@@ -1625,6 +1664,7 @@ int main(void) {
   test_huge_cache_cold();
   test_options();
   test_thread_cache();
+  test_cpu_cache();
   test_free_room_back();
   test_sample_uncached();
   test_sample_freed_to_slab();
