@@ -84,13 +84,10 @@ static inline void count_trip(keel_central_t* cl, keel_home_t* h, unsigned line)
  * anywhere else stops the process before the block is touched). */
 /* A listed block whose unit is not tagged with its class: one of a sampled slab of it,
  * or of a slab of it with carved holes (which lists only its own blocks), else corrupt. */
-KEEL_COLD bool _keel_central_other_tag_ok(const void* p, uint8_t kind, unsigned cls) {
-  /* (the tag vouches for the slab before its descriptor is read) */
-  bool carved_own = kind == KEEL_KIND_CARVED && keel_span_head(keel_chunk_of(p), keel_unit_index(p))->cls == cls;
-  return carved_own || keel_sampled_class(p, kind) == cls;
-}
 static KEEL_COLD void list_next_other_tag(const void* q, const void* next, uint8_t kind, unsigned cls) {
-  if (!_keel_central_other_tag_ok(next, kind, cls)) _keel_freelist_corrupt("malloc", cls, q);
+  /* (the tag vouches for the slab before its descriptor is read) */
+  bool carved_own = kind == KEEL_KIND_CARVED && keel_span_head(keel_chunk_of(next), keel_unit_index(next))->cls == cls;
+  if (!carved_own && keel_sampled_class(next, kind) != cls) _keel_freelist_corrupt("malloc", cls, q);
 }
 
 static void* list_next(const void* q, unsigned cls) {

@@ -163,9 +163,6 @@ uint64_t _keel_central_borrowed_blocks(void) KEEL_INTERNAL;
 void* _keel_central_take_sampled(unsigned cls) KEEL_INTERNAL;
 /* True if block p (of class cls) is free in its slab: proves a double free. */
 bool _keel_central_is_free(unsigned cls, void* p) KEEL_INTERNAL;
-/* A free block p of cls whose unit's tag is kind, not cls: one of a sampled slab, or of a
- * slab of cls with carved holes. */
-bool _keel_central_other_tag_ok(const void* p, uint8_t kind, unsigned cls) KEEL_INTERNAL;
 /* Meshing's hook (mesh.c sets it before it makes any page of a slab a view; NULL until
  * then): class lock held, the pages of [addr, addr + len) of a slab marked meshed leave
  * their mesh, views becoming fresh memory; false if one could not. The central lists call

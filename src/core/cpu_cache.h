@@ -22,8 +22,7 @@ void _keel_cpu_cache_tick(uint32_t now, uint32_t period) KEEL_INTERNAL;
 void _keel_cpu_cache_after_fork_child(void) KEEL_INTERNAL;
 /* Blocks of cls in all caches (racy: statistics). */
 uint32_t _keel_cpu_cache_blocks(unsigned cls) KEEL_INTERNAL;
-/* The invariant walk: every cache stopped meanwhile, each list's blocks are free blocks
- * of its class, as many as its head says. */
+/* The invariant walk: the caches emptied (their blocks back to the slabs). */
 bool _keel_cpu_cache_verify(void) KEEL_INTERNAL;
 
 #endif /* KEEL_CPU_CACHE_H */

@@ -427,7 +427,7 @@ bool _keel_prim_barrier_all_threads(void) {
   return membarrier_run(&barrier_state, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, MEMBARRIER_CMD_PRIVATE_EXPEDITED);
 }
 
-bool _keel_prim_cpu_lists_fence(void) {
+bool _keel_prim_cpu_slots_fence(void) {
   return membarrier_run(&rseq_fence_state, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ,
                         MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ);
 }

@@ -16,7 +16,6 @@
 #endif
 #include <malloc.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,36 +131,13 @@ static void start_helper_with_cache(void) {
 }
 
 /* The block waits in its processor's cache (src/core/cpu_cache.c), or in the transfer
- * cache where rseq is unavailable. */
+ * cache. */
 static void double_free_shared(void) {
   start_helper_with_cache();
   char* a = malloc(16 << 10);
   memset(a, 1, 16 << 10);
   free(opaque(a));
   do_free(a);
-}
-
-/* A write into a free 16 KiB block in this processor's cache: the next malloc of that
- * size finds the list's link broken. Where glibc registers no rseq area there is no
- * processor cache: skipped (77). */
-extern const unsigned int __rseq_size __attribute__((weak));
-static void write_into_cpu_cache(void) {
-  if (&__rseq_size == NULL || __rseq_size == 0) {
-    fprintf(stderr, "misuse: %s: no rseq area: skipped\n", current_case);
-    exit(77);
-  }
-  cpu_set_t one;
-  CPU_ZERO(&one);
-  CPU_SET(sched_getcpu(), &one);
-  sched_setaffinity(0, sizeof one, &one); /* the free and the malloc on one processor */
-  start_helper_with_cache();
-  char* a = malloc(16 << 10);
-  memset(a, 1, 16 << 10);
-  free(opaque(a));
-  memset(opaque(a), 0x41, 8); /* a use after free: the block's first word */
-  announce("malloc", a);
-  void* b = malloc(16 << 10);
-  (void)opaque(b);
 }
 
 static void double_free_large(void) {
@@ -429,7 +405,6 @@ static const struct misuse_case cases[] = {
     {"double_free_small_flushed", double_free_small_flushed},
     {"double_free_small_cross_thread", double_free_small_cross_thread},
     {"double_free_shared", double_free_shared},
-    {"write_into_cpu_cache", write_into_cpu_cache},
     {"double_free_large", double_free_large},
     {"double_free_huge", double_free_huge},
     {"double_free_aligned", double_free_aligned},
