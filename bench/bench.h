@@ -18,6 +18,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -145,6 +146,35 @@ static BENCH_UNUSED uint64_t bench_scaled(double base, uint64_t min) {
   double v = base * bench_scale + 0.5;
   uint64_t n = v >= 1.8e19 ? UINT64_MAX : (uint64_t)v;
   return n < min ? min : n;
+}
+
+/* A fixed amount of work split among threads: each runs fn on its share [first, end) of
+ * the rounds and counts what it did in pairs and ck (sums: the totals do not depend on
+ * the thread count or the order). */
+typedef struct {
+  uint64_t first, end;
+  uint64_t pairs, ck;
+  pthread_t th;
+} bench_share_t;
+
+/* Runs fn on n threads, each given a bench_share_t of `rounds`, waits for them, and
+ * returns the sum of their pairs (*ck: of their checksums). */
+static BENCH_UNUSED uint64_t bench_run_shared(int n, uint64_t rounds, void* (*fn)(void*), uint64_t* ck) {
+  bench_share_t* w = xcalloc((size_t)n, sizeof(bench_share_t));
+  for (int i = 0; i < n; i++) {
+    w[i].first = rounds * (uint64_t)i / (uint64_t)n;
+    w[i].end = rounds * (uint64_t)(i + 1) / (uint64_t)n;
+    if (pthread_create(&w[i].th, NULL, fn, &w[i])) bench_die("pthread_create failed");
+  }
+  uint64_t pairs = 0;
+  *ck = 0;
+  for (int i = 0; i < n; i++) {
+    pthread_join(w[i].th, NULL);
+    pairs += w[i].pairs;
+    *ck += w[i].ck;
+  }
+  free(w);
+  return pairs;
 }
 
 #endif /* KEEL_BENCH_H */

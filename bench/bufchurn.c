@@ -3,8 +3,8 @@
  * sort and packet buffers). Keel shares such blocks between threads (design.md, "Blocks
  * above 8 KiB are shared"), so this is the price of that sharing, with no other work
  * beside it.
- * Checksum: a hash of the sizes and values each thread saw. Total work is fixed; threads
- * share it.
+ * Checksum: a sum of each round's hash of its sizes, independent of the thread count.
+ * Total work is fixed; threads share it.
  * Usage: bufchurn [scale] [threads=2]
  */
 #include <pthread.h>
@@ -15,19 +15,13 @@ enum { MAX_HELD = 4 };
 
 static const uint32_t sizes[] = {9000, 10240, 12000, 13024, 14048, 15072, 16000};
 
-typedef struct {
-  uint64_t rounds, pairs, ck;
-  unsigned id;
-  pthread_t th;
-} worker;
-
 static void* run(void* arg) {
-  worker* w = arg;
-  rng_t rng;
-  rng_seed(&rng, 0x62756663ull + w->id);
+  bench_share_t* w = arg;
   unsigned char* held[MAX_HELD];
   uint32_t len[MAX_HELD];
-  for (uint64_t r = 0; r < w->rounds; r++) {
+  for (uint64_t r = w->first; r < w->end; r++) {
+    rng_t rng;
+    rng_seed(&rng, 0x62756663ull ^ (r * 0x100000001b3ull));
     uint32_t n = rng_range(&rng, 1, MAX_HELD);
     for (uint32_t i = 0; i < n; i++) {
       len[i] = sizes[rng_below(&rng, sizeof sizes / sizeof sizes[0])];
@@ -35,11 +29,13 @@ static void* run(void* arg) {
       held[i][0] = (unsigned char)(r + i);
       held[i][len[i] - 1] = (unsigned char)(len[i] + i);
     }
+    uint64_t ck = r;
     for (uint32_t i = 0; i < n; i++) {
       BENCH_CHECK(held[i][0] == (unsigned char)(r + i) && held[i][len[i] - 1] == (unsigned char)(len[i] + i));
-      w->ck = ck_step(w->ck, len[i] ^ (r << 20));
+      ck = ck_step(ck, len[i]);
       free(held[i]);
     }
+    w->ck += mix64(ck);
     w->pairs += n;
   }
   return NULL;
@@ -49,19 +45,7 @@ int main(int argc, char** argv) {
   bench_init("bufchurn", argc, argv, 2);
   int n = bench_threads;
   uint64_t rounds = bench_scaled(4000000, 1);
-  worker* W = xcalloc((size_t)n, sizeof(worker));
-  for (int i = 0; i < n; i++) {
-    W[i].id = (unsigned)i;
-    W[i].rounds = rounds * (uint64_t)(i + 1) / (uint64_t)n - rounds * (uint64_t)i / (uint64_t)n;
-    if (pthread_create(&W[i].th, NULL, run, &W[i])) bench_die("pthread_create failed");
-  }
-  uint64_t pairs = 0, ck = 0;
-  for (int i = 0; i < n; i++) {
-    pthread_join(W[i].th, NULL);
-    pairs += W[i].pairs;
-    ck += W[i].ck;
-  }
-  free(W);
+  uint64_t ck, pairs = bench_run_shared(n, rounds, run, &ck);
   printf("bufchurn threads=%d rounds=%" PRIu64 " buffers=%" PRIu64 " checksum=%016" PRIx64 "\n", n, rounds, pairs,
          ck_step(ck, pairs));
   return 0;

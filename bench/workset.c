@@ -21,14 +21,8 @@ enum { MIN_COUNT = 200, MAX_COUNT = 1600 };
 
 static const uint32_t sizes[] = {24, 48, 64, 96, 128, 256, 512, 1000};
 
-typedef struct {
-  uint64_t first, end; /* global round indexes */
-  uint64_t pairs, ck;
-  pthread_t th;
-} worker;
-
 static void* run(void* arg) {
-  worker* w = arg;
+  bench_share_t* w = arg;
   uint64_t** blocks = xmalloc(MAX_COUNT * sizeof(uint64_t*));
   for (uint64_t g = w->first; g < w->end; g++) {
     rng_t rng;
@@ -66,19 +60,7 @@ int main(int argc, char** argv) {
   bench_init("workset", argc, argv, 2);
   int n = bench_threads;
   uint64_t rounds = bench_scaled(40000, 1);
-  worker* W = xcalloc((size_t)n, sizeof(worker));
-  for (int i = 0; i < n; i++) {
-    W[i].first = rounds * (uint64_t)i / (uint64_t)n;
-    W[i].end = rounds * (uint64_t)(i + 1) / (uint64_t)n;
-    if (pthread_create(&W[i].th, NULL, run, &W[i])) bench_die("pthread_create failed");
-  }
-  uint64_t pairs = 0, ck = 0;
-  for (int i = 0; i < n; i++) {
-    pthread_join(W[i].th, NULL);
-    pairs += W[i].pairs;
-    ck += W[i].ck;
-  }
-  free(W);
+  uint64_t ck, pairs = bench_run_shared(n, rounds, run, &ck);
   printf("workset threads=%d rounds=%" PRIu64 " objects=%" PRIu64 " checksum=%016" PRIx64 "\n", n, rounds, pairs,
          ck_step(ck, pairs));
   return 0;

@@ -290,6 +290,20 @@ static inline double now_sec(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Calls keel_purge() again and again for `seconds` (under Keel), pausing pause_ns between
+ * two calls; returns how many rounds it made. */
+static inline long purge_repeatedly(double seconds, long pause_ns) {
+  long rounds = 0;
+  for (double t0 = now_sec(); now_sec() - t0 < seconds; rounds++) {
+#ifdef KEEL_TESTING_KEEL
+    keel_purge();
+#endif
+    struct timespec ts = {0, pause_ns};
+    nanosleep(&ts, NULL);
+  }
+  return rounds;
+}
+
 /* KEEL_STRESS_SCALE (default 1; fractions allowed, e.g. 0.2 for a quick run). */
 static inline double stress_scale(void) {
   const char* s = getenv("KEEL_STRESS_SCALE");

@@ -93,15 +93,7 @@ int main(void) {
   pthread_t th[NTHREADS];
   for (int i = 0; i < NTHREADS; i++)
     if (!CHECK(pthread_create(&th[i], NULL, worker, (void*)(intptr_t)i) == 0)) return test_finish();
-  long purges = 0;
-  double seconds = SECONDS * stress_scale();
-  for (double t0 = now_sec(); now_sec() - t0 < seconds; purges++) {
-#ifdef KEEL_TESTING_KEEL
-    keel_purge();
-#endif
-    struct timespec ts = {0, 100000};
-    nanosleep(&ts, NULL);
-  }
+  long purges = purge_repeatedly(SECONDS * stress_scale(), 100000);
   __atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
   for (int i = 0; i < NTHREADS; i++) pthread_join(th[i], NULL);
   while (mail.count > 0) release(&mail.box[--mail.count]);

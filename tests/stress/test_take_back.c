@@ -78,14 +78,7 @@ int main(void) {
   pthread_t th[NTHREADS];
   for (int i = 0; i < NTHREADS; i++)
     if (!CHECK(pthread_create(&th[i], NULL, worker, (void*)(intptr_t)i) == 0)) return test_finish();
-  long purges = 0;
-  for (double t0 = now_sec(); now_sec() - t0 < SECONDS; purges++) {
-#ifdef KEEL_TESTING_KEEL
-    keel_purge();
-#endif
-    struct timespec ts = {0, 200000};
-    nanosleep(&ts, NULL);
-  }
+  long purges = purge_repeatedly(SECONDS, 200000);
   __atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
   pthread_barrier_wait(&parked);
   EXPECT_EQ_I(0, failures);
