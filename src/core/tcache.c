@@ -127,9 +127,10 @@ static KEEL_NOINLINE bool room_set(keel_tcache_t* t, size_t bytes) {
 #define ONE_CACHE_BINS 4u
 #define ONE_CACHE_BIN_SIZE 512u
 /* Blocks above SHARED_MIN skip the thread caches while two caches or more are in use
- * (their bins' limit is 0): they go from a free to the next malloc of any thread through
- * the transfer cache (batches of one, a compare-and-swap each way) rather than waiting
- * in a thread's bin until that thread uses the class again. Each of Sphinx's sixteen
+ * (their bins' limit is 0): they go from a free to the next malloc of any thread on that
+ * processor through its cache (shared_give, below), or on to the others through the
+ * transfer cache, rather than waiting in a thread's bin until that thread uses the class
+ * again. Each of Sphinx's sixteen
  * connection threads held one or two blocks of each 8-32 KiB class it had used, 1.5 MiB
  * in all, flat, where a thread between two queries needs none. The only cache keeps
  * them (a PostgreSQL backend's 8-32 KiB memory-context blocks). */
