@@ -472,10 +472,11 @@ static void* one_block(void* p) {
 }
 
 /* Without a cache (while young, while creating one, or after the thread's exit handler
- * ran) blocks come from and go to the central list one at a time. */
-static void* central_alloc_one(unsigned cls) {
+ * ran) blocks come from and go to the central list one at a time; from the slabs where
+ * the transfer cache was looked in already. */
+static void* central_alloc_one(unsigned cls, bool looked) {
   uint32_t got;
-  void* p = _keel_central_take(cls, 1, &got);
+  void* p = looked ? _keel_central_take_slabs(cls, 1, &got) : _keel_central_take(cls, 1, &got);
   if (p == NULL) {
     _keel_prim_set_errno(_keel_prim_errno_enomem());
     return NULL;
@@ -545,7 +546,8 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, size_t borrow_for)
     if (p != NULL) return p;
     cached = false;
   } else {
-    cached = t != NULL && (t->bin[cls].max != 0 || bin_open(t, cls)); /* else cacheless, or uncached */
+    /* else cacheless, or uncached (a class above KEEL_CACHED_MAX never opens) */
+    cached = t != NULL && (t->bin[cls].max != 0 || (_keel_classes[cls].bin_limit != 0 && bin_open(t, cls)));
   }
   uint32_t want = 0;
   if (cached && keel_bin_empty(t, cls)) {
@@ -567,7 +569,7 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, size_t borrow_for)
     if (p == NULL) p = _keel_central_carve(cls);
     if (p != NULL) return p;
   }
-  if (!cached) return central_alloc_one(cls);
+  if (!cached) return central_alloc_one(cls, looked);
   if (keel_bin_empty(t, cls)) {
     uint32_t got;
     void* list = _keel_central_take_slabs(cls, want, &got); /* the transfer cache was tried above */
