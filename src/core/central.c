@@ -854,7 +854,7 @@ static void put_runs_by_line(keel_central_t* cl, unsigned cls, const put_run_t* 
   }
 }
 
-KEEL_COLD void _keel_central_put_locked(unsigned cls, void* list) { _keel_slab_put_list(keel_central_of(cls), cls, list); }
+void _keel_central_put_locked(unsigned cls, void* list) { _keel_slab_put_list(keel_central_of(cls), cls, list); }
 
 /* Lock held: every block of a list goes back to its slab. */
 void _keel_slab_put_list(keel_central_t* cl, unsigned cls, void* list) {

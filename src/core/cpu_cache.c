@@ -69,6 +69,26 @@ bool _keel_cpu_cache_put(unsigned cls, void* block) {
   return keel_prim_cpu_slot_put(rseq, (void* const*)areas, slot_off(cls), block) || put_first(rseq, cls, block);
 }
 
+/* The stopped caches' blocks of cls back to its slabs, under the class's lock: the
+ * statistics, which read the slabs and the caches under it, never see a block that is
+ * in neither. */
+static void drain_class(unsigned cls, uint32_t seen) {
+  keel_central_t* cl = NULL;
+  void* list = NULL;
+  for (uint32_t cpu = 0; cpu < seen; cpu++) {
+    cpu_area_t* a = __atomic_load_n(&areas[cpu], __ATOMIC_ACQUIRE);
+    void* block = a != NULL && a->stop ? __atomic_load_n(&a->slot[cls], __ATOMIC_RELAXED) : NULL;
+    if (block == NULL) continue;
+    if (cl == NULL) _keel_central_lock_class(cl = keel_central_of(cls));
+    __atomic_store_n(&a->slot[cls], NULL, __ATOMIC_RELAXED);
+    keel_link_set(block, list);
+    list = block;
+  }
+  if (cl == NULL) return;
+  _keel_central_put_locked(cls, list);
+  _keel_central_unlock_class(cl);
+}
+
 /* One drain at a time (the purger, a fork, keel_purge, the invariant walk): each owns
  * the stop bytes it sets. Another caller meanwhile skips its drain. */
 static uint8_t draining;
@@ -87,17 +107,11 @@ static KEEL_NOINLINE void drain(void) {
       if (__atomic_load_n(&a->slot[cls], __ATOMIC_RELAXED) != NULL) __atomic_store_n(&a->stop, 1, __ATOMIC_RELAXED);
     any |= a->stop;
   }
-  bool fenced = any && _keel_prim_cpu_slots_fence();
+  if (any && _keel_prim_cpu_slots_fence())
+    for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) drain_class(cls, seen);
   for (uint32_t cpu = 0; any && cpu < seen; cpu++) {
     cpu_area_t* a = __atomic_load_n(&areas[cpu], __ATOMIC_ACQUIRE);
-    if (a == NULL || !a->stop) continue;
-    for (unsigned cls = 1; fenced && cls < KEEL_NUM_CLASSES; cls++) {
-      void* block = __atomic_load_n(&a->slot[cls], __ATOMIC_RELAXED);
-      if (block == NULL) continue;
-      __atomic_store_n(&a->slot[cls], NULL, __ATOMIC_RELAXED);
-      _keel_central_give_slabs(cls, keel_freed_one(block));
-    }
-    __atomic_store_n(&a->stop, 0, __ATOMIC_RELEASE);
+    if (a != NULL && a->stop) __atomic_store_n(&a->stop, 0, __ATOMIC_RELEASE);
   }
   __atomic_store_n(&draining, 0, __ATOMIC_RELEASE);
 }
