@@ -95,7 +95,7 @@ static uint8_t draining;
 
 /* Stops the caches that hold blocks, fences, and gives their blocks back to the slabs;
  * the caches start again empty. */
-static KEEL_NOINLINE void drain(void) {
+void _keel_cpu_cache_drain(void) {
   if (__atomic_load_n(&state, __ATOMIC_ACQUIRE) != 1) return;
   if (__atomic_exchange_n(&draining, 1, __ATOMIC_ACQUIRE) != 0) return;
   uint32_t seen = __atomic_load_n(&cpus_seen, __ATOMIC_RELAXED);
@@ -116,13 +116,11 @@ static KEEL_NOINLINE void drain(void) {
   __atomic_store_n(&draining, 0, __ATOMIC_RELEASE);
 }
 
-void _keel_cpu_cache_drain(void) { drain(); }
-
 void _keel_cpu_cache_tick(uint32_t now, uint32_t period) {
   static uint32_t last;
   if (__atomic_load_n(&state, __ATOMIC_RELAXED) != 1 || now - last < period) return;
   last = now;
-  drain();
+  _keel_cpu_cache_drain();
 }
 
 /* The child's only thread is in no section: a drain the fork caught midway is undone
@@ -140,11 +138,4 @@ KEEL_COLD uint32_t _keel_cpu_cache_blocks(unsigned cls) {
     if (a != NULL) blocks += __atomic_load_n(&a->slot[cls], __ATOMIC_RELAXED) != NULL;
   }
   return blocks;
-}
-
-KEEL_COLD bool _keel_cpu_cache_verify(void) {
-  /* Emptied rather than walked in place: a walk would need every cache stopped for its
-   * length; the blocks' slabs are checked on the way back (central.c). */
-  drain();
-  return true;
 }

@@ -15,14 +15,12 @@ void* _keel_cpu_cache_get(unsigned cls) KEEL_INTERNAL;
 /* Keeps block (freed: its free key set) in the calling processor's cache; false if that
  * is full or there is none. */
 bool _keel_cpu_cache_put(unsigned cls, void* block) KEEL_INTERNAL;
-/* Every cache gives its blocks back to the slabs (keel_purge, a fork); the purger's tick
+/* Every cache gives its blocks back to the slabs (keel_purge, a fork, the invariant walk); the purger's tick
  * does so once every `period` ticks. */
 void _keel_cpu_cache_drain(void) KEEL_INTERNAL;
 void _keel_cpu_cache_tick(uint32_t now, uint32_t period) KEEL_INTERNAL;
 void _keel_cpu_cache_after_fork_child(void) KEEL_INTERNAL;
 /* Blocks of cls in all caches (racy: statistics). */
 uint32_t _keel_cpu_cache_blocks(unsigned cls) KEEL_INTERNAL;
-/* The invariant walk: the caches emptied (their blocks back to the slabs). */
-bool _keel_cpu_cache_verify(void) KEEL_INTERNAL;
 
 #endif /* KEEL_CPU_CACHE_H */
