@@ -1,8 +1,8 @@
 /* bufchurn -- request buffers: each thread takes a few 9-16 KiB buffers, fills the
  * ends of each, checks and frees them, again and again (a server's per-query read,
- * sort and packet buffers). Keel shares such blocks between threads (design.md, "Blocks
- * above 8 KiB are shared"), so this is the price of that sharing, with no other work
- * beside it.
+ * sort and packet buffers). Keel gathers such blocks from waiting threads' bins before
+ * a class takes a new slab (design.md, "Blocks above 8 KiB are gathered"): this is what
+ * the thread caches give such threads, with no other work beside it.
  * Checksum: a sum of each round's hash of its sizes, independent of the thread count.
  * Total work is fixed; threads share it.
  * Usage: bufchurn [scale] [threads=2]

@@ -99,7 +99,7 @@ static void* list_next(const void* q, unsigned cls) {
   return next;
 }
 
-uint32_t _keel_central_parked_blocks(unsigned cls) { return _keel_transfer_blocks(cls) + _keel_cpu_cache_blocks(cls); }
+uint32_t _keel_central_parked_blocks(unsigned cls) { return _keel_transfer_blocks(cls); }
 
 /* Home lines. On many cores (transfer.h) a class's slabs with free blocks are on one list
  * per transfer line (the processor a thread runs on): a take goes to its own line's
@@ -854,7 +854,7 @@ static void put_runs_by_line(keel_central_t* cl, unsigned cls, const put_run_t* 
   }
 }
 
-void _keel_central_put_locked(unsigned cls, void* list) { _keel_slab_put_list(keel_central_of(cls), cls, list); }
+KEEL_COLD void _keel_central_put_locked(unsigned cls, void* list) { _keel_slab_put_list(keel_central_of(cls), cls, list); }
 
 /* Lock held: every block of a list goes back to its slab. */
 void _keel_slab_put_list(keel_central_t* cl, unsigned cls, void* list) {

@@ -51,7 +51,6 @@ void _keel_pagemap_reset_locks(void);
  * lies outside the window of text every process keeps resident (src/hot_text.ld). */
 size_t _keel_purge_now(uint32_t max_trims) {
   _keel_tcache_release_spares(0);
-  _keel_cpu_cache_drain();
   return _keel_central_purge_all(max_trims) + _keel_pageheap_purge(true) + _keel_huge_purge(true);
 }
 
@@ -107,7 +106,6 @@ static void fork_child(void) {
   _keel_central_reset_locks();
   _keel_mesh_after_fork_child();
   _keel_tcache_after_fork_child();
-  _keel_cpu_cache_after_fork_child();
   atomic_store(&background_state, 0); /* the purger thread did not survive the fork */
   _keel_prim_thread_forget_after_fork();    /* nor need its stack */
   defer_purger();
@@ -200,7 +198,6 @@ static void* purger_main(void* arg) {
     if (keel_opt(background_purge)) {
       _keel_tcache_release_spares(_keel_delay_ticks());
       if (keel_opt(tcache_idle_ms) != 0) _keel_tcache_take_back_idle(ticks_for(keel_opt(tcache_idle_ms)));
-      _keel_cpu_cache_tick((uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED), (uint32_t)_keel_delay_ticks());
       _keel_central_decay(_keel_delay_ticks());
       if (_keel_pageheap_dirty_bytes() != 0) _keel_pageheap_maybe_purge();
       if (_keel_huge_cache_pending()) _keel_huge_purge(false);

@@ -31,7 +31,6 @@
 #include "core/pagemap.h"
 #include "core/meta.h"
 #include "core/transfer.h"
-#include "core/cpu_cache.h"
 #include "core/central.h"
 #include "core/mesh.h"
 #include "core/large.h"

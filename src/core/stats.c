@@ -88,6 +88,8 @@ static void print_stats(int fd, const char* title) {
   line(&b, "threads", s.threads);
   line(&b, "threads_total", s.threads_total);
   line(&b, "caches_taken_back", __atomic_load_n(&_keel_caches_taken_back, __ATOMIC_RELAXED));
+  line(&b, "gathers", __atomic_load_n(&_keel_gathers, __ATOMIC_RELAXED));
+  line(&b, "blocks_gathered", __atomic_load_n(&_keel_blocks_gathered, __ATOMIC_RELAXED));
   line(&b, "os_page_size", s.os_page_size);
   line(&b, "huge_page_size", s.huge_page_size);
   uint64_t borrowed = _keel_central_borrowed_blocks();
@@ -212,6 +214,8 @@ KEEL_API size_t keel_stats_json(char* out, size_t size) {
   json_field(&b, "threads", s.threads, true);
   json_field(&b, "threads_total", s.threads_total, true);
   json_field(&b, "caches_taken_back", __atomic_load_n(&_keel_caches_taken_back, __ATOMIC_RELAXED), true);
+  json_field(&b, "gathers", __atomic_load_n(&_keel_gathers, __ATOMIC_RELAXED), true);
+  json_field(&b, "blocks_gathered", __atomic_load_n(&_keel_blocks_gathered, __ATOMIC_RELAXED), true);
   json_field(&b, "os_page_size", s.os_page_size, true);
   json_field(&b, "huge_page_size", s.huge_page_size, true);
   json_field(&b, "borrowed_blocks", _keel_central_borrowed_blocks(), true);

@@ -126,31 +126,19 @@ static KEEL_NOINLINE bool room_set(keel_tcache_t* t, size_t bytes) {
  * server's 1-32 KiB blocks (PostgreSQL's memory contexts) would sit in its bins. */
 #define ONE_CACHE_BINS 4u
 #define ONE_CACHE_BIN_SIZE 512u
-/* Blocks above SHARED_MIN skip the thread caches while two caches or more are in use
- * (their bins' limit is 0): they go from a free to the next malloc of any thread on that
- * processor through its cache (shared_give, below), or on to the others through the
- * transfer cache, rather than waiting in a thread's bin until that thread uses the class
- * again. Each of Sphinx's sixteen
- * connection threads held one or two blocks of each 8-32 KiB class it had used, 1.5 MiB
- * in all, flat, where a thread between two queries needs none. The only cache keeps
- * them (a PostgreSQL backend's 8-32 KiB memory-context blocks). */
-#define SHARED_MIN (8u << 10)
-static inline bool shared_now(const keel_class_t* k) { return k->size > SHARED_MIN && !one_cache(); }
 /* Not inlined, nor is bin_grow: copies in each slow path pushed the hot text past its
  * 64 KiB window (src/hot_text.ld). */
 static KEEL_NOINLINE uint32_t bin_limit(const keel_class_t* k) {
-  if (shared_now(k)) return 0u;
-  if (!one_cache()) return k->bin_limit;
-  return k->size <= ONE_CACHE_BIN_SIZE ? k->bin_limit * ONE_CACHE_BINS : k->bin_limit;
+  return k->size <= ONE_CACHE_BIN_SIZE && one_cache() ? k->bin_limit * ONE_CACHE_BINS : k->bin_limit;
 }
 
 /* Slow start: a bin starts with room for one block and doubles each time it runs dry or
  * overflows, up to a batch, then grows by batches up to its limit. A thread that
  * allocates a little therefore takes only a little from the shared slabs (and touches
  * no other memory), while a busy thread reaches full batches after a few misses. No
- * room at all in checked mode, for classes above KEEL_CACHED_MAX and for shared ones. */
+ * room at all in checked mode, nor for classes above KEEL_CACHED_MAX. */
 static uint32_t initial_max(unsigned cls) {
-  return _keel_options.check || bin_limit(&_keel_classes[cls]) == 0 ? 0 : 1;
+  return _keel_options.check || _keel_classes[cls].bin_limit == 0 ? 0 : 1;
 }
 
 /* More room for bin b, if its limit and the thread's byte budget allow. */
@@ -359,13 +347,6 @@ static void bin_give_back(keel_tcache_t* t, unsigned cls, bool keep_rest) {
   }
 }
 
-/* Whether bin cls of t caches now (it has no room): a shared class's bin opens again once
- * its cache is the only one in use. */
-static KEEL_NOINLINE bool bin_open(keel_tcache_t* t, unsigned cls) {
-  bin_grow(t, cls);
-  return t->bin[cls].max != 0;
-}
-
 /* Gives every cached block back: through the central lists, or straight to the slabs. */
 static void cache_flush(keel_tcache_t* t, bool to_slabs) {
   for (unsigned cls = 1; cls < KEEL_NUM_CLASSES; cls++) {
@@ -484,23 +465,6 @@ static void* central_alloc_one(unsigned cls, bool looked) {
   return one_block(p);
 }
 
-/* A block of a shared class (its bin has no room while shared_now) goes from a free to
- * the next malloc on the same processor through the processor's cache (cpu_cache.c),
- * and on to other processors through the transfer cache, a batch of one. */
-static KEEL_NOINLINE void* shared_take(unsigned cls, bool* looked) {
-  void* p = _keel_cpu_cache_get(cls);
-  if (p == NULL) {
-    uint32_t got;
-    p = _keel_central_take_parked(cls, 1, &got);
-    *looked = p == NULL && _keel_central_parks(cls, 1);
-  }
-  return p != NULL ? one_block(p) : NULL;
-}
-static KEEL_NOINLINE void shared_give(unsigned cls, void* p) {
-  ((uintptr_t*)p)[1] = _keel_free_key;
-  if (!_keel_cpu_cache_put(cls, p)) _keel_central_give(cls, keel_freed_one(p), 1);
-}
-
 /* The first block of a bin that has one, handed out. */
 static void* bin_pop(keel_tcache_t* t, unsigned cls) {
   t->bin[cls].avail++;
@@ -533,6 +497,63 @@ static inline void mark_active(keel_tcache_t* t) {
   __atomic_store_n(&t->active_tick, __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
 }
 
+/* ---- gathering ----------------------------------------------------------------------
+ * Blocks above GATHER_MIN wait in the bins like any others, but each is worth a slab's
+ * share of smaller ones: every one of Sphinx's sixteen connection threads held one or two
+ * blocks of each 8-32 KiB class it had used, 1.5 MiB in all, flat, while between two
+ * queries it needed none. So before such a class takes a new slab (its transfer cache and
+ * slabs are empty) with other caches in use, the thread gathers the class's blocks from
+ * the other threads' bins into the slabs, the way the purger takes back a waiting
+ * thread's cache (below): each holder is pointed at the empty cache, one membarrier(2)
+ * covers them all, and a holder whose busy flag is then clear gives up its bin of the
+ * class; one inside a malloc or free keeps it. The holders' fast paths pay nothing (a
+ * holder that calls in meanwhile waits for the registry lock in tcache_rebind). A gather
+ * that finds nothing makes the class wait GATHER_IDLE_MS for the next; one that finds
+ * blocks lets the next come at once, as each block it found is a block of new slab not
+ * taken. Without membarrier, and under TSan, which cannot see it, nothing is gathered. */
+#define GATHER_MIN (8u << 10)
+#define GATHER_IDLE_MS 10
+static uint64_t gather_after_ms[KEEL_NUM_CLASSES]; /* a class's next gather, after an idle one */
+uint64_t _keel_gathers, _keel_blocks_gathered;     /* registry lock (statistics) */
+
+static KEEL_COLD void gather(unsigned cls) {
+#if KEEL_TSAN
+  (void)cls;
+#else
+  uint64_t now = _keel_prim_clock_ms();
+  if (now < __atomic_load_n(&gather_after_ms[cls], __ATOMIC_RELAXED)) return;
+  keel_lock(&registry_lock);
+  if (_keel_central_slabs_have_free(cls)) { /* another thread gathered meanwhile */
+    keel_unlock(&registry_lock);
+    return;
+  }
+  bool any = false;
+  for (keel_tcache_t* t = registry; t != NULL; t = t->next) {
+    if (t->owner == &_keel_thread || t->bin[cls].max == t->bin[cls].avail) continue;
+    __atomic_store_n(&t->owner->tc, &_keel_tc_empty, __ATOMIC_RELAXED);
+    t->taking = any = true;
+  }
+  bool fenced = any && _keel_prim_barrier_all_threads();
+  uint64_t blocks = 0;
+  for (keel_tcache_t* t = registry; any && t != NULL; t = t->next) {
+    if (!t->taking) continue;
+    t->taking = false;
+    uint32_t count = (uint32_t)(t->bin[cls].max - t->bin[cls].avail);
+    if (fenced && __atomic_load_n(&t->owner->busy, __ATOMIC_ACQUIRE) == 0 && count != 0) {
+      _keel_central_give_slabs(cls, keel_bin_cut(t, cls, count));
+      t->bin[cls].avail = (int16_t)(t->bin[cls].avail + (int32_t)count);
+      blocks += count;
+    }
+    /* Release: the owner that finds its cache again finds the bin as left here. */
+    __atomic_store_n(&t->owner->tc, t, __ATOMIC_RELEASE);
+  }
+  __atomic_store_n(&_keel_gathers, _keel_gathers + 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&_keel_blocks_gathered, _keel_blocks_gathered + blocks, __ATOMIC_RELAXED);
+  if (blocks == 0) __atomic_store_n(&gather_after_ms[cls], now + GATHER_IDLE_MS, __ATOMIC_RELAXED);
+  keel_unlock(&registry_lock);
+#endif
+}
+
 void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, size_t borrow_for) {
 #if KEEL_DEBUG >= 2
   static _Thread_local unsigned verify_tick;
@@ -540,15 +561,8 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, size_t borrow_for)
 #endif
   if (t == &_keel_tc_empty) t = tcache_or_young();
   if (t != NULL) mark_active(t);
-  bool cached, looked = false; /* looked: the transfer cache was searched and had nothing */
-  if (t != NULL && t->bin[cls].max == 0 && shared_now(&_keel_classes[cls])) {
-    void* p = shared_take(cls, &looked);
-    if (p != NULL) return p;
-    cached = false;
-  } else {
-    /* else cacheless, or uncached (a class above KEEL_CACHED_MAX never opens) */
-    cached = t != NULL && (t->bin[cls].max != 0 || (_keel_classes[cls].bin_limit != 0 && bin_open(t, cls)));
-  }
+  bool cached = t != NULL && t->bin[cls].max != 0; /* else cacheless, or an uncached class */
+  bool looked = false; /* the transfer cache was searched and had nothing */
   uint32_t want = 0;
   if (cached && keel_bin_empty(t, cls)) {
     want = refill_want(t, cls);
@@ -571,6 +585,7 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, size_t borrow_for)
   }
   if (!cached) return central_alloc_one(cls, looked);
   if (keel_bin_empty(t, cls)) {
+    if (_keel_classes[cls].size > GATHER_MIN && !_keel_central_slabs_have_free(cls) && !one_cache()) gather(cls);
     uint32_t got;
     void* list = _keel_central_take_slabs(cls, want, &got); /* the transfer cache was tried above */
     if (list == NULL) {
@@ -586,8 +601,7 @@ void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
   if (t == &_keel_tc_empty) t = tcache_for_free();
   if (t != NULL) mark_active(t);
   if (t == NULL || t->bin[cls].max == 0) { /* cacheless, or an uncached class */
-    if (t != NULL && shared_now(&_keel_classes[cls])) shared_give(cls, p);
-    else _keel_central_give(cls, keel_freed_one(p), 1);
+    _keel_central_give(cls, keel_freed_one(p), 1);
     return;
   }
   if (t->bin[cls].avail == 0) {

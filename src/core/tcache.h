@@ -143,6 +143,8 @@ void _keel_tcache_thread_flush(void) KEEL_INTERNAL;
  * now); false where the process-wide barrier is unavailable. */
 bool _keel_tcache_take_back_idle(uint64_t idle_ticks) KEEL_INTERNAL;
 extern uint64_t _keel_caches_taken_back KEEL_INTERNAL; /* so far (statistics) */
+/* Gathers of a class's blocks from other threads' bins (tcache.c), and the blocks they took. */
+extern uint64_t _keel_gathers KEEL_INTERNAL, _keel_blocks_gathered KEEL_INTERNAL;
 /* Cache structs' own memory (tcache_slots.c), registry lock held: a zeroed or reused
  * slot (NULL if out of memory); and giving one back, false if t is not in a slot. */
 keel_tcache_t* _keel_tcache_slot_alloc(void) KEEL_INTERNAL;

@@ -59,7 +59,6 @@ static void verify_parked(void* list, uint32_t n, void* ctx) {
 
 void _keel_verify(void) {
   keel_ensure_init();
-  _keel_cpu_cache_drain(); /* before the locks: the slots' blocks go back to their slabs */
   _keel_central_lock_all();
   _keel_pageheap_lock_all();
   memset(used_by_line, 0, sizeof used_by_line);

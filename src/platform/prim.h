@@ -250,7 +250,4 @@ void _keel_prim_pipe_write_pid(int write_fd);
 /* Whether process pid exists and maps the file open as fd (its /proc maps say so). */
 bool _keel_prim_process_maps(int pid, int fd);
 
-/* -- per-processor slots: platform/cpu_slots.h ------------------------------------- */
-#include "platform/cpu_slots.h"
-
 #endif /* KEEL_PRIM_H */

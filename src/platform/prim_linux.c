@@ -398,38 +398,26 @@ void _keel_prim_futex_wake(volatile uint32_t* addr, int n) {
 
 void _keel_prim_yield(void) { sched_yield(); }
 
-/* A private expedited membarrier command, registering first: once, and again after a
- * fork or an exec, where the kernel has forgotten it (EPERM). state: 0 not registered
- * (yet), 1 registered, 2 unavailable. */
-static bool membarrier_run(_Atomic int* state, int reg, int cmd) {
+static _Atomic int barrier_state; /* 0 not registered (yet), 1 registered, 2 unavailable */
+
+bool _keel_prim_barrier_all_threads(void) {
   int saved = errno;
   bool ok = false;
   for (int tries = 0; tries < 2 && !ok; tries++) {
-    int s = atomic_load_explicit(state, memory_order_relaxed);
+    int s = atomic_load_explicit(&barrier_state, memory_order_relaxed);
     if (s == 2) break;
-    if (s == 0) {
-      if (syscall(SYS_membarrier, reg, 0, 0) != 0) {
-        atomic_store_explicit(state, 2, memory_order_relaxed);
+    if (s == 0) { /* also after a fork or an exec: the kernel asks for it again (EPERM) */
+      if (syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) != 0) {
+        atomic_store_explicit(&barrier_state, 2, memory_order_relaxed);
         break;
       }
-      atomic_store_explicit(state, 1, memory_order_relaxed);
+      atomic_store_explicit(&barrier_state, 1, memory_order_relaxed);
     }
-    ok = syscall(SYS_membarrier, cmd, 0, 0) == 0;
-    if (!ok) atomic_store_explicit(state, errno == EPERM ? 0 : 2, memory_order_relaxed);
+    ok = syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0;
+    if (!ok) atomic_store_explicit(&barrier_state, errno == EPERM ? 0 : 2, memory_order_relaxed);
   }
   errno = saved;
   return ok;
-}
-
-static _Atomic int barrier_state, rseq_fence_state;
-
-bool _keel_prim_barrier_all_threads(void) {
-  return membarrier_run(&barrier_state, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, MEMBARRIER_CMD_PRIVATE_EXPEDITED);
-}
-
-bool _keel_prim_cpu_slots_fence(void) {
-  return membarrier_run(&rseq_fence_state, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ,
-                        MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ);
 }
 
 static pthread_key_t exit_key;

@@ -343,6 +343,15 @@ static inline keel_stats_t keel_stats_now(void) {
   if (keel_stats_get(&s) != 0) t_fail_(__FILE__, __LINE__, "keel_stats_get(&s) == 0", NULL);
   return s;
 }
+
+/* A counter of keel_stats_json by name ("caches_taken_back"), 0 if absent. */
+static inline unsigned long long keel_stats_counter(const char* name) {
+  char json[8192], key[64];
+  keel_stats_json(json, sizeof json);
+  snprintf(key, sizeof key, "\"%s\":", name);
+  const char* at = strstr(json, key);
+  return at ? strtoull(at + strlen(key), NULL, 10) : 0;
+}
 #endif
 
 /* Asserts that the allocator under test really is Keel (the test binary links libkeel.so

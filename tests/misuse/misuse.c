@@ -102,44 +102,6 @@ static void double_free_small_cross_thread(void) {
   do_free(a);
 }
 
-/* Blocks above 8 KiB skip the thread caches while two caches are in use: this thread
- * and a helper get one (a thread's first 64 slow-path calls are a young thread's, with
- * no cache), and the helper waits. */
-static pthread_barrier_t helper_done;
-static void get_a_cache(void) {
-  for (int i = 0; i < 100; i++) (void)opaque(malloc(64)); /* kept */
-}
-static void* helper_with_cache(void* arg) {
-  (void)arg;
-  get_a_cache();
-  pthread_barrier_wait(&helper_done);
-  pause(); /* alive, with its cache, until the process ends */
-  return NULL;
-}
-static void start_helper_with_cache(void) {
-  get_a_cache();
-  pthread_t t;
-  pthread_barrier_init(&helper_done, NULL, 2);
-  if (pthread_create(&t, NULL, helper_with_cache, NULL) != 0) {
-    fprintf(stderr, "misuse: pthread_create failed\n");
-    exit(2);
-  }
-  pthread_barrier_wait(&helper_done);
-#ifdef KEEL_TESTING_KEEL
-  keel_thread_flush(); /* this thread's bins start again, with no room for such blocks */
-#endif
-}
-
-/* The block waits in its processor's cache (src/core/cpu_cache.c), or in the transfer
- * cache. */
-static void double_free_shared(void) {
-  start_helper_with_cache();
-  char* a = malloc(16 << 10);
-  memset(a, 1, 16 << 10);
-  free(opaque(a));
-  do_free(a);
-}
-
 static void double_free_large(void) {
   char* a = malloc(300000);
   memset(a, 1, 300000);
@@ -404,7 +366,6 @@ static const struct misuse_case cases[] = {
     {"double_free_small_immediate", double_free_small_immediate},
     {"double_free_small_flushed", double_free_small_flushed},
     {"double_free_small_cross_thread", double_free_small_cross_thread},
-    {"double_free_shared", double_free_shared},
     {"double_free_large", double_free_large},
     {"double_free_huge", double_free_huge},
     {"double_free_aligned", double_free_aligned},

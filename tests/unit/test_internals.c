@@ -447,62 +447,63 @@ static void test_thread_cache(void) {
   keel_thread_flush();
   CHECK(keel_bin_empty(t, cls));
   CHECK(!_keel_tcache_contains(t, cls, p));
-  /* blocks above 8 KiB: cached by the only cache; with another cache in use, the bin
-   * has no room after a flush and the block freed is the next malloc's of any thread,
-   * through the transfer cache */
-  unsigned big = keel_size_class(16 << 10);
-  for (int i = 0; i < 8; i++) free(malloc(16 << 10));
-  CHECK(t->bin[big].max >= 1);
-  __atomic_add_fetch(&_keel_caches_in_use, 1, __ATOMIC_RELAXED);
-  keel_thread_flush();
-  CHECK_MSG(t->bin[big].max == 0, "16 KiB bin: max %u with two caches", t->bin[big].max);
-  void* q = malloc(16 << 10);
-  free(q);
-  CHECK(keel_bin_empty(t, big) && t->bin[big].max == 0);
-  CHECK(malloc(16 << 10) == q);
-  free(q);
-  __atomic_sub_fetch(&_keel_caches_in_use, 1, __ATOMIC_RELAXED);
-  for (int i = 0; i < 8; i++) free(malloc(16 << 10)); /* the only cache again: cached */
-  CHECK_MSG(t->bin[big].max >= 1 && !keel_bin_empty(t, big), "16 KiB bin: max %u with one cache", t->bin[big].max);
   keel_thread_flush();
 }
 
-/* The processors' caches (cpu_cache.c): with two thread caches in use, the first block
- * above 8 KiB freed waits in its processor's slot, the next ones go on to the transfer
- * cache, the next malloc takes the slot's, and a drain (the purger's, keel_purge's)
- * empties the slots. Where glibc registered no rseq area nothing is kept there. Pinned,
- * so that the frees and the mallocs meet one processor's slot. */
-static void test_cpu_cache(void) {
-  TEST_SECTION("processor caches");
-  cpu_set_t was, one;
-  CHECK(sched_getaffinity(0, sizeof was, &was) == 0);
-  CPU_ZERO(&one);
-  CPU_SET(sched_getcpu(), &one);
-  CHECK(sched_setaffinity(0, sizeof one, &one) == 0);
+/* Gathering (tcache.c): a thread that holds a free 16 KiB block in its bin and waits gives
+ * it up to a thread whose class is about to take a new slab. */
+static struct {
+  keel_tcache_t* t;
+  void* held[2];
+  pthread_barrier_t ready, done;
+} gh;
+
+static void* gather_holder(void* arg) {
+  (void)arg;
+  for (int i = 0; i < 200; i++) free(malloc(64)); /* past the young thread's calls: a cache */
+  gh.held[0] = malloc(16 << 10);
+  gh.held[1] = malloc(16 << 10);
+  free(gh.held[0]);
+  free(gh.held[1]);
+  gh.t = _keel_thread.own;
+  pthread_barrier_wait(&gh.ready);
+  pthread_barrier_wait(&gh.done); /* waits: its busy flag is clear */
+  return NULL;
+}
+
+static void test_gather(void) {
+  TEST_SECTION("gathering");
   unsigned big = keel_size_class(16 << 10);
-  __atomic_add_fetch(&_keel_caches_in_use, 1, __ATOMIC_RELAXED);
-  keel_thread_flush();
-  _keel_cpu_cache_drain();
-  CHECK(_keel_cpu_cache_blocks(big) == 0);
-  enum { N = 4 };
-  void* b[N];
-  for (int i = 0; i < N; i++) b[i] = malloc(16 << 10);
-  for (int i = 0; i < N; i++) free(b[i]);
-  bool slots = keel_prim_rseq() != NULL && KEEL_PRIM_CPU_SLOTS && !KEEL_TSAN;
-  uint32_t held = _keel_cpu_cache_blocks(big);
-  CHECK_MSG(held == (slots ? 1u : 0u), "%u blocks in the processor caches", held);
-  void* q = malloc(16 << 10);
-  CHECK_MSG(!slots || q == b[0], "malloc %p, the slot's %p", q, b[0]);
-  CHECK(_keel_cpu_cache_blocks(big) == 0);
-  CHECK(((uintptr_t*)q)[1] == 0); /* the free key cleared */
-  free(q);
-  keel_stats_t st = keel_stats_now();
-  CHECK(st.cached >= (uint64_t)_keel_cpu_cache_blocks(big) * _keel_classes[big].size);
-  _keel_cpu_cache_drain();
-  CHECK(_keel_cpu_cache_blocks(big) == 0);
-  __atomic_sub_fetch(&_keel_caches_in_use, 1, __ATOMIC_RELAXED);
+  pthread_barrier_init(&gh.ready, NULL, 2);
+  pthread_barrier_init(&gh.done, NULL, 2);
+  pthread_t th;
+  CHECK(pthread_create(&th, NULL, gather_holder, NULL) == 0);
+  pthread_barrier_wait(&gh.ready);
+  CHECK(gh.t != NULL && _keel_tcache_contains(gh.t, big, gh.held[1]));
+  uint32_t held = gh.t != NULL ? (uint32_t)(gh.t->bin[big].max - gh.t->bin[big].avail) : 0;
+  struct timespec pause = {0, 30 * 1000 * 1000}; /* past an idle gather's wait, if one came before */
+  nanosleep(&pause, NULL);
+  uint64_t gathers = _keel_gathers, blocks = _keel_blocks_gathered;
+  enum { MAX = 4096 };
+  static void* got[MAX];
+  int n = 0;
+  while (n < MAX && _keel_gathers == gathers) got[n++] = malloc(16 << 10);
+  bool saw = false;
+  for (int extra = 0; extra < 64 && n < MAX; extra++) got[n++] = malloc(16 << 10); /* the gatherer's bin too */
+  for (int i = 0; i < n; i++) saw |= got[i] == gh.held[1];
+  if (_keel_prim_barrier_all_threads() && !KEEL_TSAN) {
+    CHECK_MSG(_keel_gathers > gathers, "%d mallocs of 16 KiB, no gather", n);
+    CHECK_MSG(_keel_blocks_gathered - blocks == held, "gathered %llu blocks of %u held",
+              (unsigned long long)(_keel_blocks_gathered - blocks), held);
+    CHECK(keel_bin_empty(gh.t, big));
+    CHECK_MSG(saw, "the held block %p not among %d mallocs", gh.held[1], n);
+  } else {
+    CHECK(_keel_gathers == gathers && !saw);
+  }
+  for (int i = 0; i < n; i++) free(got[i]);
+  pthread_barrier_wait(&gh.done);
+  pthread_join(th, NULL);
   _keel_verify();
-  CHECK(sched_setaffinity(0, sizeof was, &was) == 0);
 }
 
 /* A thread that works long enough to get a cache, then ends. */
@@ -1664,7 +1665,6 @@ int main(void) {
   test_huge_cache_cold();
   test_options();
   test_thread_cache();
-  test_cpu_cache();
   test_free_room_back();
   test_sample_uncached();
   test_sample_freed_to_slab();
@@ -1686,6 +1686,7 @@ int main(void) {
   test_stats_api();
   test_lock_stats();
   test_purge_off_spares(); /* spreads the transfer cache over its lines (a second cache) */
+  test_gather();
   test_fork_profile_lock(); /* last: failing, it waits out the child's alarm */
   return test_finish();
 }

@@ -1,21 +1,23 @@
-/* test_cpu_cache.c -- blocks above 8 KiB handed between threads through the processors'
- * caches while the purger empties them.
+/* test_gather.c -- blocks above 8 KiB gathered from threads' bins while those threads
+ * work, and while the purger takes caches back.
  *
- * NTHREADS workers (more than the machine's processors, so that they are preempted and
- * moved inside their calls) allocate and free blocks of 8-32 KiB, each filled with a
- * pattern of its own and checked whole before it is freed; some go to another worker,
- * which frees them. With two caches or more in use such blocks skip the thread caches:
- * a free keeps the block in its processor's cache, the next malloc there takes it
- * (restartable sequences, src/core/cpu_cache.c). Meanwhile main calls keel_purge() again
- * and again, which stops every processor's cache, fences and empties it. A block handed
- * out twice or a list broken by an interrupted push or pop shows up as a pattern
- * mismatch, a crash, or a corruption report. Where rseq is unavailable the same run goes
- * through the transfer cache.
+ * NTHREADS workers (more than the machine's processors, so that they are preempted
+ * inside their calls) allocate and free blocks of 8-32 KiB, each filled with a pattern of
+ * its own and checked whole before it is freed; some go to another worker, which frees
+ * them. Meanwhile main calls keel_purge() again and again, which releases the empty slabs,
+ * so that the classes keep taking new ones: before each, the taking thread gathers the
+ * class's free blocks from the other workers' bins (src/core/tcache.c, "gathering"),
+ * skipping a worker caught inside a malloc or free. A block taken from a bin its owner
+ * was using, handed out twice, or a bin left inconsistent shows up as a pattern
+ * mismatch, a crash, or a corruption report.
  */
 #include "test.h"
 
+#include <linux/membarrier.h>
 #include <pthread.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #define NTHREADS 8
 #define SLOTS 16
@@ -36,6 +38,13 @@ static struct {
   slot_t box[MAILBOX];
   int count;
 } mail = {PTHREAD_MUTEX_INITIALIZER, {{0}}, 0};
+
+/* A gather needs membarrier(2)'s private expedited barrier (not every kernel or emulator
+ * has it). */
+static int barrier_available(void) {
+  long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  return cmds > 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0;
+}
 
 static int intact(const slot_t* s) {
   size_t off = pattern_check(s->p, s->n, s->seed);
@@ -90,6 +99,7 @@ static void* worker(void* arg) {
 }
 
 int main(void) {
+  assert_keel_in_use();
   pthread_t th[NTHREADS];
   for (int i = 0; i < NTHREADS; i++)
     if (!CHECK(pthread_create(&th[i], NULL, worker, (void*)(intptr_t)i) == 0)) return test_finish();
@@ -100,5 +110,10 @@ int main(void) {
   printf("%ld purges while %d threads worked, %ld blocks freed by another thread\n", purges, NTHREADS, handed);
   EXPECT_EQ_I(0, failures);
   CHECK(handed > 0);
+#ifdef KEEL_TESTING_KEEL
+  unsigned long long gathers = keel_stats_counter("gathers"), blocks = keel_stats_counter("blocks_gathered");
+  printf("%llu gathers took %llu blocks\n", gathers, blocks);
+  if (barrier_available()) CHECK_MSG(blocks > 0, "%llu gathers took no block", gathers);
+#endif
   return test_finish();
 }
