@@ -497,8 +497,8 @@ static void test_gather(void) {
               (unsigned long long)(_keel_blocks_gathered - blocks), held);
     CHECK(keel_bin_empty(gh.t, big));
     CHECK_MSG(saw, "the held block %p not among %d mallocs", gh.held[1], n);
-  } else {
-    CHECK(_keel_gathers == gathers && !saw);
+  } else { /* no barrier (an emulator), or TSan: nothing is gathered */
+    CHECK(_keel_blocks_gathered == blocks && !saw);
   }
   for (int i = 0; i < n; i++) free(got[i]);
   pthread_barrier_wait(&gh.done);
