@@ -23,6 +23,7 @@
 #define SLOTS 16
 #define SECONDS 3.0
 #define MAILBOX 64
+#define PURGE_PAUSE_NS 2000000 /* between two keel_purge calls: each takes back the caches, bins and all, of the workers not in a call */
 
 static volatile int stop;
 static long failures, handed;
@@ -103,11 +104,20 @@ int main(void) {
   pthread_t th[NTHREADS];
   for (int i = 0; i < NTHREADS; i++)
     if (!CHECK(pthread_create(&th[i], NULL, worker, (void*)(intptr_t)i) == 0)) return test_finish();
-  long purges = purge_repeatedly(SECONDS * stress_scale(), 100000);
+  long purges = purge_repeatedly(SECONDS * stress_scale(), PURGE_PAUSE_NS);
 #ifdef KEEL_TESTING_KEEL
-  /* a short run (an emulator, a scaled-down one) goes on until a gather took blocks */
-  for (int more = 0; more < 100 && barrier_available() && keel_stats_counter("blocks_gathered") == 0; more++)
-    purges += purge_repeatedly(0.1, 100000);
+  /* A slow run (an emulator: the purges took the workers' caches back as fast as they
+   * filled them) may have gathered nothing yet: main then holds blocks of the workers'
+   * classes, purging no more, until one of its mallocs gathers from their bins. */
+  enum { HOARD = 2048 };
+  static void* hoard[HOARD];
+  int held = 0;
+  while (barrier_available() && held < HOARD && (held % 32 != 0 || keel_stats_counter("blocks_gathered") == 0)) {
+    hoard[held] = malloc(opaque_size(8193 + (size_t)held * 4099 % (24 << 10)));
+    if (!CHECK(hoard[held] != NULL)) break;
+    if (++held % 32 == 0) nanosleep(&(struct timespec){0, 2000000}, NULL);
+  }
+  while (held > 0) free(hoard[--held]);
 #endif
   __atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
   for (int i = 0; i < NTHREADS; i++) pthread_join(th[i], NULL);
