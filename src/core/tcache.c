@@ -510,7 +510,7 @@ static inline void mark_active(keel_tcache_t* t) {
  * thread's cache (below): each holder is pointed at the empty cache, one membarrier(2)
  * covers them all, and a holder whose busy flag is then clear gives up its bin of the
  * class; one inside a malloc or free keeps it. The holders' fast paths pay nothing (a
- * holder that calls in meanwhile waits for the registry lock in tcache_rebind). A gather
+ * holder that calls in meanwhile is served by the central lists: tcache_rebind). A gather
  * that finds nothing makes the class wait GATHER_IDLE_MS for the next; one that finds
  * blocks lets the next come at once, as each block it found is a block of new slab not
  * taken. Without membarrier, and under TSan, which cannot see it, nothing is gathered. */
