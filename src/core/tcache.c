@@ -519,10 +519,64 @@ static inline void mark_active(keel_tcache_t* t) {
 static uint64_t gather_after_ms[KEEL_NUM_CLASSES]; /* a class's next gather, after an idle one */
 uint64_t _keel_gathers, _keel_blocks_gathered;     /* registry lock (statistics) */
 
-static KEEL_COLD void gather(unsigned cls) {
-#if KEEL_TSAN
-  (void)cls;
+/* ---- stopping other threads' caches ------------------------------------------------
+ * Registry lock held. Each cache pick() chooses is pointed at the empty cache, one
+ * membarrier covers them all, and then act() is given each, with whether its owner is
+ * outside every malloc and free (the barrier ran and the busy flag is clear): act() puts
+ * the owner's pointer back or takes the cache away. Returns false where a cache was
+ * picked and the barrier could not run. The purger's take-back and gathering share it. */
+typedef struct stop_s {
+  bool (*pick)(keel_tcache_t* t, struct stop_s* self);
+  void (*act)(keel_tcache_t* t, bool idle, struct stop_s* self);
+} stop_t;
+
+static bool with_caches_stopped(stop_t* how) {
+#if KEEL_TSAN /* it cannot see the barrier: nothing is taken */
+  (void)how;
+  return false;
 #else
+  bool any = false;
+  for (keel_tcache_t* t = registry; t != NULL; t = t->next) {
+    if (t->owner == &_keel_thread || !how->pick(t, how)) continue; /* never the caller's own */
+    __atomic_store_n(&t->owner->tc, &_keel_tc_empty, __ATOMIC_RELAXED);
+    t->taking = any = true;
+  }
+  if (!any) return true;
+  bool fenced = _keel_prim_barrier_all_threads();
+  for (keel_tcache_t *t = registry, *next; t != NULL; t = next) {
+    next = t->next; /* act() may unlink t */
+    if (!t->taking) continue;
+    t->taking = false;
+    how->act(t, fenced && __atomic_load_n(&t->owner->busy, __ATOMIC_ACQUIRE) == 0, how);
+  }
+  return fenced;
+#endif
+}
+
+typedef struct gather_s {
+  stop_t how;
+  unsigned cls;
+  uint64_t blocks;
+} gather_t;
+
+static bool gather_pick(keel_tcache_t* t, stop_t* how) {
+  unsigned cls = ((gather_t*)how)->cls;
+  return t->bin[cls].max != t->bin[cls].avail;
+}
+
+static void gather_act(keel_tcache_t* t, bool idle, stop_t* how) {
+  gather_t* g = (gather_t*)how;
+  uint32_t count = (uint32_t)(t->bin[g->cls].max - t->bin[g->cls].avail);
+  if (idle && count != 0) {
+    _keel_central_give_slabs(g->cls, keel_bin_cut(t, g->cls, count));
+    t->bin[g->cls].avail = (int16_t)(t->bin[g->cls].avail + (int32_t)count);
+    g->blocks += count;
+  }
+  /* Release: the owner that finds its cache again finds the bin as left here. */
+  __atomic_store_n(&t->owner->tc, t, __ATOMIC_RELEASE);
+}
+
+static KEEL_COLD void gather(unsigned cls) {
   uint64_t now = _keel_prim_clock_ms();
   if (now < __atomic_load_n(&gather_after_ms[cls], __ATOMIC_RELAXED)) return;
   keel_lock(&registry_lock);
@@ -530,31 +584,12 @@ static KEEL_COLD void gather(unsigned cls) {
     keel_unlock(&registry_lock);
     return;
   }
-  bool any = false;
-  for (keel_tcache_t* t = registry; t != NULL; t = t->next) {
-    if (t->owner == &_keel_thread || t->bin[cls].max == t->bin[cls].avail) continue;
-    __atomic_store_n(&t->owner->tc, &_keel_tc_empty, __ATOMIC_RELAXED);
-    t->taking = any = true;
-  }
-  bool fenced = any && _keel_prim_barrier_all_threads();
-  uint64_t blocks = 0;
-  for (keel_tcache_t* t = registry; any && t != NULL; t = t->next) {
-    if (!t->taking) continue;
-    t->taking = false;
-    uint32_t count = (uint32_t)(t->bin[cls].max - t->bin[cls].avail);
-    if (fenced && __atomic_load_n(&t->owner->busy, __ATOMIC_ACQUIRE) == 0 && count != 0) {
-      _keel_central_give_slabs(cls, keel_bin_cut(t, cls, count));
-      t->bin[cls].avail = (int16_t)(t->bin[cls].avail + (int32_t)count);
-      blocks += count;
-    }
-    /* Release: the owner that finds its cache again finds the bin as left here. */
-    __atomic_store_n(&t->owner->tc, t, __ATOMIC_RELEASE);
-  }
+  gather_t g = {{gather_pick, gather_act}, cls, 0};
+  with_caches_stopped(&g.how);
   __atomic_store_n(&_keel_gathers, _keel_gathers + 1, __ATOMIC_RELAXED);
-  __atomic_store_n(&_keel_blocks_gathered, _keel_blocks_gathered + blocks, __ATOMIC_RELAXED);
-  if (blocks == 0) __atomic_store_n(&gather_after_ms[cls], now + GATHER_IDLE_MS, __ATOMIC_RELAXED);
+  __atomic_store_n(&_keel_blocks_gathered, _keel_blocks_gathered + g.blocks, __ATOMIC_RELAXED);
+  if (g.blocks == 0) __atomic_store_n(&gather_after_ms[cls], now + GATHER_IDLE_MS, __ATOMIC_RELAXED);
   keel_unlock(&registry_lock);
-#endif
 }
 
 void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, size_t borrow_for) {
@@ -645,48 +680,45 @@ void _keel_tcache_free_slow(keel_tcache_t* t, void* p, unsigned cls) {
  * barrier, so its builds take nothing back. */
 uint64_t _keel_caches_taken_back; /* written under the registry lock */
 
+typedef struct take_back_s {
+  stop_t how;
+  uint64_t now, idle_ticks;
+} take_back_t;
+
+static bool take_back_pick(keel_tcache_t* t, stop_t* how) {
+  take_back_t* b = (take_back_t*)how;
+  return b->idle_ticks == 0 || b->now - __atomic_load_n(&t->active_tick, __ATOMIC_RELAXED) >= b->idle_ticks;
+}
+
+static void take_back_act(keel_tcache_t* t, bool idle, stop_t* how) {
+  (void)how;
+  keel_thread_t* owner = t->owner;
+  if (!idle) {
+    __atomic_store_n(&owner->tc, t, __ATOMIC_RELAXED);
+    return;
+  }
+  /* Emptied, and its struct given back too: the thread's next slow path gives it a
+   * new cache (tcache_rebind). */
+  cache_flush(t, true);
+  registry_unlink(t);
+  __atomic_store_n(&owner->own, NULL, __ATOMIC_RELAXED);
+  __atomic_store_n(&_keel_live_caches, _keel_live_caches - 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&_keel_caches_in_use, _keel_caches_in_use - 1, __ATOMIC_RELAXED);
+  if (!_keel_tcache_slot_free(t)) { /* the static first cache waits on the spare list */
+    t->kept = false;
+    t->next = spare;
+    __atomic_store_n(&spare, t, __ATOMIC_RELAXED);
+  }
+  __atomic_store_n(&_keel_caches_taken_back, _keel_caches_taken_back + 1, __ATOMIC_RELAXED);
+}
+
 bool _keel_tcache_take_back_idle(uint64_t idle_ticks) {
-#if KEEL_TSAN
-  (void)idle_ticks;
-  return false;
-#else
-  uint64_t now = __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
-  bool any = false;
+  /* (never the caller's own cache: keel_purge flushed it) */
+  take_back_t b = {{take_back_pick, take_back_act}, __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED), idle_ticks};
   keel_lock(&registry_lock);
-  for (keel_tcache_t* t = registry; t != NULL; t = t->next) {
-    uint64_t active = __atomic_load_n(&t->active_tick, __ATOMIC_RELAXED);
-    if (t->owner == &_keel_thread) continue; /* the caller's own: keel_purge flushed it */
-    if (idle_ticks != 0 && now - active < idle_ticks) continue;
-    __atomic_store_n(&t->owner->tc, &_keel_tc_empty, __ATOMIC_RELAXED);
-    t->taking = any = true;
-  }
-  bool fenced = !any || _keel_prim_barrier_all_threads();
-  for (keel_tcache_t *t = registry, *next; any && t != NULL; t = next) {
-    next = t->next;
-    if (!t->taking) continue;
-    t->taking = false;
-    keel_thread_t* owner = t->owner;
-    if (!fenced || __atomic_load_n(&owner->busy, __ATOMIC_ACQUIRE) != 0) {
-      __atomic_store_n(&owner->tc, t, __ATOMIC_RELAXED);
-      continue;
-    }
-    /* Emptied, and its struct given back too: the thread's next slow path gives it a
-     * new cache (tcache_rebind). */
-    cache_flush(t, true);
-    registry_unlink(t);
-    __atomic_store_n(&owner->own, NULL, __ATOMIC_RELAXED);
-    __atomic_store_n(&_keel_live_caches, _keel_live_caches - 1, __ATOMIC_RELAXED);
-    __atomic_store_n(&_keel_caches_in_use, _keel_caches_in_use - 1, __ATOMIC_RELAXED);
-    if (!_keel_tcache_slot_free(t)) { /* the static first cache waits on the spare list */
-      t->kept = false;
-      t->next = spare;
-      __atomic_store_n(&spare, t, __ATOMIC_RELAXED);
-    }
-    __atomic_store_n(&_keel_caches_taken_back, _keel_caches_taken_back + 1, __ATOMIC_RELAXED);
-  }
+  bool fenced = with_caches_stopped(&b.how);
   keel_unlock(&registry_lock);
   return fenced;
-#endif
 }
 
 bool _keel_tcache_contains(keel_tcache_t* t, unsigned cls, void* p) {
