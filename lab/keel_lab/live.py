@@ -27,12 +27,12 @@ STATS = struct.Struct("<II" + "Q" * len(STATS_FIELDS))  # keel_stats_t: 120 byte
 CLASS = struct.Struct("<QQQQQ")  # keel_class_stats_t
 OFF_REQUEST, OFF_ANSWERED, OFF_PURGE_REQ, OFF_PURGE_ANS, OFF_SEQ = 24, 32, 40, 48, 56
 OFF_PROFILE_REQ, OFF_PROFILE_ANS, OFF_PROFILE_PATH = 80, 88, 96
-LAYOUT_VERSION = 9
+LAYOUT_VERSION = 10
 # 2: without the lock counters; 3: without the mesh estimate; 4: without the mesh stats;
 # 5: 120 classes and 72 mesh rows (6: 127 and 73), so everything after the classes sits
 # 280 bytes earlier and the mesh statistics 352; 6: without borrowed_blocks; 7: without
-# carved_holes; 8: without caches_taken_back.
-LAYOUTS_READ = (2, 3, 4, 5, 6, 7, 8, 9)
+# carved_holes; 8: without caches_taken_back; 9: without gathers and blocks_gathered.
+LAYOUTS_READ = (2, 3, 4, 5, 6, 7, 8, 9, 10)
 LOCK = struct.Struct("<QQQ")  # acquired, contended, sleeps
 
 
@@ -54,6 +54,10 @@ class Offsets:
     @property
     def taken_back(self) -> int:  # layout 9: caches_taken_back, appended after carved_holes
         return self.carved + 8
+
+    @property
+    def gathers(self) -> int:  # layout 10: gathers, blocks_gathered, after caches_taken_back
+        return self.taken_back + 8
 
 
 OFFSETS_5 = Offsets(nlocks=5280, mesh_req=5480, mesh_rows=72, mesh_stats=10688)
@@ -115,6 +119,10 @@ class Snapshot:
     # Thread caches the purger took back from waiting threads, so far (layout 9; None
     # before): docs/design.md "Caches of waiting threads".
     caches_taken_back: int | None = None
+    # Gathers, and the blocks they moved from other threads' bins to the slabs, so far
+    # (layout 10; None before): docs/design.md "Blocks above 8 KiB are gathered".
+    gathers: int | None = None
+    blocks_gathered: int | None = None
 
 
 def parse_mesh_stats(buf, offset: int = OFFSETS_6.mesh_stats) -> dict:
@@ -224,9 +232,11 @@ def _read_consistent(m, pid: int) -> Snapshot:
                   if header[1] >= 8 and len(m) >= off.carved + 8 else None)
         taken = (struct.unpack_from("<Q", m, off.taken_back)[0]
                  if header[1] >= 9 and len(m) >= off.taken_back + 8 else None)
+        gathers, gathered = (struct.unpack_from("<QQ", m, off.gathers)
+                             if header[1] >= 10 and len(m) >= off.gathers + 16 else (None, None))
         if struct.unpack_from("<Q", m, OFF_SEQ)[0] == seq1:
             return Snapshot(pid, dict(zip(STATS_FIELDS, st[2:], strict=True)), classes, updated_ms, purged, locks,
-                            mesh_stats, header[1], borrowed, carved, taken)
+                            mesh_stats, header[1], borrowed, carved, taken, gathers, gathered)
     raise LiveError("could not read a consistent snapshot")
 
 

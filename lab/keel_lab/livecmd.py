@@ -43,6 +43,9 @@ def _summary_table(snap: live.Snapshot, rss_kib: int, prev: live.Snapshot | None
     if snap.caches_taken_back:  # layout 9; left out when 0
         t.add_row("idle caches", f"{snap.caches_taken_back:,} taken back",
                   "waiting threads' cached free blocks returned")
+    if snap.gathers:  # layout 10; left out when 0
+        t.add_row("gathers", f"{snap.gathers:,} ({snap.blocks_gathered:,} blocks)",
+                  "blocks above 8 KiB taken from other threads' bins before a new slab")
     for name in ("central", "page heap"):
         lk = (snap.locks or {}).get(name)
         if not lk:
@@ -152,6 +155,9 @@ def cmd_stats(args) -> int:
             doc["carved_holes"] = snap.carved_holes
         if snap.caches_taken_back is not None:  # layout 9; keel_stats_json's name
             doc["caches_taken_back"] = snap.caches_taken_back
+        if snap.gathers is not None:  # layout 10; keel_stats_json's names
+            doc["gathers"] = snap.gathers
+            doc["blocks_gathered"] = snap.blocks_gathered
         mesh_doc = mesh_stats_doc(snap.mesh_stats)
         if mesh_doc is not None:
             doc["mesh_stats"] = mesh_doc

@@ -125,6 +125,7 @@ def test_stats_json_and_top(hog, keel_path):
         assert "borrowed_blocks" in s, "libkeel does not publish layout 7"
         assert "carved_holes" in s, "libkeel does not publish layout 8"
         assert "caches_taken_back" in s, "libkeel does not publish layout 9"
+        assert "gathers" in s and "blocks_gathered" in s, "libkeel does not publish layout 10"
         assert s["borrowed_blocks"] == int(own["borrowed_blocks"]), (s["borrowed_blocks"], own)
         assert s["carved_holes"] == int(own["carved_holes"]), (s["carved_holes"], own)
         t = keel("top", str(p.pid), "--count", "2", "--interval", "0.3", check=True)
@@ -291,17 +292,19 @@ def test_stats_mesh_estimate(tmp_path, cc, keel_path):
 # not taken from keel_lab.live, so a slip in either shows.
 
 def published_bytes(version: int, pid: int, mesh: tuple | None = None,
-                    borrowed: int = 0, carved: int = 0, idle: int = 0) -> bytearray:
+                    borrowed: int = 0, carved: int = 0, idle: int = 0, gathers: int = 0,
+                    blocks_gathered: int = 0) -> bytearray:
     """A /dev/shm/keel-<pid> as a Keel of layout `version` writes it: two size classes,
     two locks, `answered` far ahead (a reader's request counts as answered at once),
     for layouts 5 to 7 keel_mesh_stats_t = `mesh` (state, barrier, then 11 counters)
-    for layout 7 borrowed_blocks = `borrowed`, for 8 carved_holes = `carved` and for 9
-    caches_taken_back = `idle`. Layout 6 has 127 classes and 73 mesh rows, 5 had 120 and
-    72; 7 appends borrowed_blocks at 11136, 8 carved_holes at 11144, 9 caches_taken_back
-    at 11152."""
+    for layout 7 borrowed_blocks = `borrowed`, for 8 carved_holes = `carved`, for 9
+    caches_taken_back = `idle` and for 10 `gathers` and `blocks_gathered`. Layout 6 has 127
+    classes and 73 mesh rows, 5 had 120 and 72; 7 appends borrowed_blocks at 11136, 8
+    carved_holes at 11144, 9 caches_taken_back at 11152, 10 gathers and blocks_gathered at
+    11160 and 11168."""
     nlocks, mesh_stats = (5560, 11040) if version >= 6 else (5280, 10688)
     buf = bytearray(mesh_stats + (96 if version >= 5 else 0) + (8 if version >= 7 else 0) +
-                    (8 if version >= 8 else 0) + (8 if version >= 9 else 0))
+                    (8 if version >= 8 else 0) + (8 if version >= 9 else 0) + (16 if version >= 10 else 0))
     struct.pack_into("<QIIQ", buf, 0, live.MAGIC, version, 480, pid)
     struct.pack_into("<Q", buf, 32, 1 << 40)                 # answered
     struct.pack_into("<QQQ", buf, 56, 2, 123456, 0)           # seq (even), updated_ms, purged
@@ -322,6 +325,8 @@ def published_bytes(version: int, pid: int, mesh: tuple | None = None,
         struct.pack_into("<Q", buf, 11144, carved)
     if version >= 9:
         struct.pack_into("<Q", buf, 11152, idle)
+    if version >= 10:
+        struct.pack_into("<QQ", buf, 11160, gathers, blocks_gathered)
     return buf
 
 
@@ -342,7 +347,7 @@ def fake_published(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("version", [5, 6, 7, 8])
 def test_parse_mesh_stats(fake_published, version):
-    assert live.LAYOUT_VERSION == 9 and set(live.LAYOUTS_READ) == {2, 3, 4, 5, 6, 7, 8, 9}
+    assert live.LAYOUT_VERSION == 10 and set(live.LAYOUTS_READ) == {2, 3, 4, 5, 6, 7, 8, 9, 10}
     pid = fake_published(published_bytes(version, os.getpid(), MESH_ON))
     snap = live.read(pid, timeout=0.5)
     assert snap.layout == version
@@ -391,7 +396,7 @@ def test_parse_carved_holes(fake_published, version):
 
 
 def test_unknown_layout_refused(fake_published):
-    pid = fake_published(published_bytes(10, os.getpid(), MESH_ON))
+    pid = fake_published(published_bytes(11, os.getpid(), MESH_ON))
     with pytest.raises(live.LiveError, match="known layout"):
         live.read(pid, timeout=0.5)
 
@@ -427,7 +432,8 @@ def test_stats_without_meshing_unchanged(fake_published, capsys, version, mesh):
 @pytest.mark.parametrize("version,field,key,row", [
     (7, "borrowed", "borrowed_blocks", ("borrowed", "12,345 blocks", "larger classes' slabs")),
     (8, "carved", "carved_holes", ("carved", "12,345 holes", "smaller blocks")),
-    (9, "idle", "caches_taken_back", ("idle caches", "12,345 taken back", "waiting threads"))])
+    (9, "idle", "caches_taken_back", ("idle caches", "12,345 taken back", "waiting threads")),
+    (10, "gathers", "gathers", ("gathers", "12,345 (0 blocks)", "other threads' bins"))])
 def test_stats_shows_a_counter(fake_published, capsys, version, field, key, row):
     pid = fake_published(published_bytes(version, os.getpid(), (0,) * 13, **{field: 12345}))
     _stats_cmd(pid, True)
@@ -440,7 +446,8 @@ def test_stats_shows_a_counter(fake_published, capsys, version, field, key, row)
 @pytest.mark.parametrize("version,field,key,since", [
     (7, "borrowed", "borrowed_blocks", 7), (6, "borrowed", "borrowed_blocks", 7),
     (8, "carved", "carved_holes", 8), (7, "carved", "carved_holes", 8),
-    (9, "idle", "caches_taken_back", 9), (8, "idle", "caches_taken_back", 9)])
+    (9, "idle", "caches_taken_back", 9), (8, "idle", "caches_taken_back", 9),
+    (10, "gathers", "gathers", 10), (9, "gathers", "gathers", 10)])
 def test_stats_without_a_counter(fake_published, capsys, version, field, key, since):
     # 0 (from the layout that has the counter on) is in the JSON but not the table; an
     # older layout has neither, whatever the bytes where it would be
@@ -579,3 +586,17 @@ def test_rss_and_the_statistics_file_of_a_process_gone():
     p.wait()
     with pytest.raises(live.LiveError, match=f"process {p.pid} exited"):
         live.rss_kib(p.pid)
+
+
+def test_parse_gathers(fake_published, capsys):
+    pid = fake_published(published_bytes(10, os.getpid(), MESH_ON, idle=3, gathers=2300, blocks_gathered=19_000))
+    snap = live.read(pid, timeout=0.5)
+    assert snap.caches_taken_back == 3  # the field before them, unmoved
+    assert (snap.gathers, snap.blocks_gathered) == (2300, 19_000)
+    _stats_cmd(pid, True)
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["gathers"], doc["blocks_gathered"]) == (2300, 19_000)
+    # a layout-10 file cut short before the fields: no figures rather than garbage
+    short = bytes(published_bytes(10, 42, MESH_ON, idle=3, gathers=2300, blocks_gathered=19_000))[:-8]
+    snap = live._read_consistent(short, 42)
+    assert snap.gathers is None and snap.blocks_gathered is None and snap.caches_taken_back == 3

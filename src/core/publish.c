@@ -9,7 +9,7 @@
  * PID` `profile_request` (the heap profile is written to
  * KEEL_PROFILE_PREFIX.<pid>.req<n>.heap, named in profile_path), and `keel stats PID
  * --mesh` `mesh_request` (the meshing estimate). Nobody looking costs a few loads per
- * purger tick. The layout is fixed (version 9) and documented in docs/design.md; the
+ * purger tick. The layout is fixed (version 10) and documented in docs/design.md; the
  * lab reads it. */
 #include "core/internal.h"
 
@@ -57,6 +57,10 @@ typedef struct keel_published_s {
   uint64_t carved_holes;
   /* Layout 9: _keel_caches_taken_back (docs/design.md "Caches of waiting threads"). */
   uint64_t caches_taken_back;
+  /* Layout 10: _keel_gathers, _keel_blocks_gathered (docs/design.md "Blocks above 8 KiB
+   * are gathered"). */
+  uint64_t gathers;
+  uint64_t blocks_gathered;
 } keel_published_t;
 
 _Static_assert(sizeof(keel_stats_t) == 120, "published layout: keel_stats_t is 120 bytes");
@@ -73,6 +77,7 @@ _Static_assert(__builtin_offsetof(keel_published_t, borrowed_blocks) == 11136, "
 /* Layout 8 appends too. */
 _Static_assert(__builtin_offsetof(keel_published_t, carved_holes) == 11144, "published layout 8");
 _Static_assert(__builtin_offsetof(keel_published_t, caches_taken_back) == 11152, "published layout 9");
+_Static_assert(__builtin_offsetof(keel_published_t, blocks_gathered) == 11168, "published layout 10");
 
 static keel_published_t* pub;
 static char pub_name[32];
@@ -112,6 +117,8 @@ static KEEL_COLD void refresh(keel_published_t* p) {
   p->borrowed_blocks = borrowed;
   p->carved_holes = carved;
   p->caches_taken_back = __atomic_load_n(&_keel_caches_taken_back, __ATOMIC_RELAXED);
+  p->gathers = __atomic_load_n(&_keel_gathers, __ATOMIC_RELAXED);
+  p->blocks_gathered = __atomic_load_n(&_keel_blocks_gathered, __ATOMIC_RELAXED);
   p->updated_ms = _keel_prim_clock_ms();
   __atomic_fetch_add(&p->seq, 1, __ATOMIC_RELEASE); /* even: consistent */
 }
@@ -133,7 +140,7 @@ static void create(void) {
   make_name();
   keel_published_t* p = (keel_published_t*)_keel_prim_publish_create(pub_name, sizeof *p);
   if (p == NULL) return;
-  p->layout_version = 9;
+  p->layout_version = 10;
   p->header_size = (uint32_t)__builtin_offsetof(keel_published_t, classes);
   p->pid = (uint64_t)_keel_prim_getpid();
   /* No figures yet (updated_ms 0): a reader asks for them, and a process nobody asks
