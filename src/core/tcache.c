@@ -500,25 +500,6 @@ static inline void mark_active(keel_tcache_t* t) {
   __atomic_store_n(&t->active_tick, __atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
 }
 
-/* ---- gathering ----------------------------------------------------------------------
- * Blocks above GATHER_MIN wait in the bins like any others, but each is worth a slab's
- * share of smaller ones: every one of Sphinx's sixteen connection threads held one or two
- * blocks of each 8-32 KiB class it had used, 1.5 MiB in all, flat, while between two
- * queries it needed none. So before such a class takes a new slab (its transfer cache and
- * slabs are empty) with other caches in use, the thread gathers the class's blocks from
- * the other threads' bins into the slabs, the way the purger takes back a waiting
- * thread's cache (below): each holder is pointed at the empty cache, one membarrier(2)
- * covers them all, and a holder whose busy flag is then clear gives up its bin of the
- * class; one inside a malloc or free keeps it. The holders' fast paths pay nothing (a
- * holder that calls in meanwhile is served by the central lists: tcache_rebind). A gather
- * that finds nothing makes the class wait GATHER_IDLE_MS for the next; one that finds
- * blocks lets the next come at once, as each block it found is a block of new slab not
- * taken. Without membarrier, and under TSan, which cannot see it, nothing is gathered. */
-#define GATHER_MIN (8u << 10)
-#define GATHER_IDLE_MS 10
-static uint64_t gather_after_ms[KEEL_NUM_CLASSES]; /* a class's next gather, after an idle one */
-uint64_t _keel_gathers, _keel_blocks_gathered;     /* registry lock (statistics) */
-
 /* ---- stopping other threads' caches ------------------------------------------------
  * Registry lock held. Each cache pick() chooses is pointed at the empty cache, one
  * membarrier covers them all, and then act() is given each, with whether its owner is
@@ -552,6 +533,25 @@ static bool with_caches_stopped(stop_t* how) {
   return fenced;
 #endif
 }
+
+/* ---- gathering ----------------------------------------------------------------------
+ * Blocks above GATHER_MIN wait in the bins like any others, but each is worth a slab's
+ * share of smaller ones: every one of Sphinx's sixteen connection threads held one or two
+ * blocks of each 8-32 KiB class it had used, 1.5 MiB in all, flat, while between two
+ * queries it needed none. So before such a class takes a new slab (its transfer cache and
+ * slabs are empty) with other caches in use, the thread gathers the class's blocks from
+ * the other threads' bins into the slabs, the way the purger takes back a waiting
+ * thread's cache (below): each holder is pointed at the empty cache, one membarrier(2)
+ * covers them all, and a holder whose busy flag is then clear gives up its bin of the
+ * class; one inside a malloc or free keeps it. The holders' fast paths pay nothing (a
+ * holder that calls in meanwhile is served by the central lists: tcache_rebind). A gather
+ * that finds nothing makes the class wait GATHER_IDLE_MS for the next; one that finds
+ * blocks lets the next come at once, as each block it found is a block of new slab not
+ * taken. Without membarrier, and under TSan, which cannot see it, nothing is gathered. */
+#define GATHER_MIN (8u << 10)
+#define GATHER_IDLE_MS 10
+static uint64_t gather_after_ms[KEEL_NUM_CLASSES]; /* a class's next gather, after an idle one */
+uint64_t _keel_gathers, _keel_blocks_gathered;     /* registry lock (statistics) */
 
 typedef struct gather_s {
   stop_t how;
