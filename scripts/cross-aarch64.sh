@@ -24,7 +24,8 @@
 #
 # Suites: ctest -L "api|unit|stress|misuse|pagesize", one test at a time (the machine is
 # shared), TIMEOUTs scaled for qemu (KEEL_QEMU_TIMEOUT_SCALE, tests/pagesize). Excluded:
-#   unit.fastpath        valgrind (callgrind) counts x86-64 instructions; no arm64 valgrind
+#   unit.fastpath, unit.fastpath_medium
+#                        valgrind (callgrind) counts x86-64 instructions; no arm64 valgrind
 #                        under qemu
 #   override.*           real x86-64 servers (not selected by the labels anyway)
 #   stress.fork, stress.fork_profile  qemu-user 7.2 aborts ("qemu_plugin_vcpu_init_hook:
@@ -131,7 +132,7 @@ case $mode in
   custom) for p in "${pages[@]}"; do runs+=("$p:$huge"); done; scale=${scale:-1} ;;
 esac
 labels="api|unit|stress|misuse|pagesize"
-exclude='^(unit\.fastpath|stress\.fork|stress\.fork_profile|stress\.thread_churn|misuse_checked_guard\.works|unit\.thp|pagesize\.small_address_space)$'
+exclude='^(unit\.fastpath|unit\.fastpath_medium|stress\.fork|stress\.fork_profile|stress\.thread_churn|misuse_checked_guard\.works|unit\.thp|pagesize\.small_address_space)$'
 summary=()
 if ((suites)); then
   for run in "${runs[@]}"; do

@@ -3,8 +3,8 @@
 # own build tree (never ./build) and runs in a few minutes on a 2-core machine:
 #
 #   ubsan   -DKEEL_SANITIZE=undefined, -fno-sanitize-recover=all (any report fails):
-#           ctest -L 'api|unit|stress|misuse|faults' (not unit.fastpath, whose
-#           instruction count is meaningless here), stress scaled down.
+#           ctest -L 'api|unit|stress|misuse|faults' (not unit.fastpath and
+#           unit.fastpath_medium, whose instruction counts are meaningless here), stress scaled down.
 #   tsan    -DKEEL_PREFIX=ON -DKEEL_SANITIZE=thread: tests/sanitize/test_tsan.c, threads
 #           calling keel_malloc/keel_free/... directly (TSan owns malloc), with
 #           TSAN_OPTIONS=halt_on_error=1: any data race fails.

@@ -29,9 +29,31 @@ static KEEL_NOINLINE void* alloc_slow(size_t n, bool zero) {
   keel_ensure_init();
   if (KEEL_UNLIKELY(__atomic_load_n(&_keel_purger_deferred, __ATOMIC_RELAXED)))
     _keel_purger_deferred_check(); /* a forked child: start its purger once it grows */
-  void* p = KEEL_UNLIKELY(_keel_options.check) ? _keel_checked_alloc(n, 0, zero) : _keel_alloc_any(n, 0, zero, true);
+  void* p;
+  if (KEEL_UNLIKELY(_keel_options.check)) p = _keel_checked_alloc(n, 0, zero);
+  else if (KEEL_LIKELY(n - 1 < KEEL_CLASS_MAX)) p = _keel_alloc_small(n, zero); /* 1 B - 128 KiB: a size class */
+  else p = _keel_alloc_any(n, 0, zero, true);
   keel_tc_leave();
   return p;
+}
+
+/* Sizes above the fast path's table up to the largest class (1 KiB - 128 KiB: a server's
+ * buffers): the class is computed rather than looked up, and the bin popped as below.
+ * Before Keel is set up, in checked mode and in a thread without a cache every bin is
+ * empty, and the request goes on to alloc_slow. */
+static KEEL_NOINLINE void* alloc_medium(size_t n) {
+  unsigned cls = keel_size_class(n);
+  keel_tcache_t* t = keel_tc_enter();
+  uintptr_t first = t->head[cls];
+  if (KEEL_LIKELY(keel_bin_head_ok(first))) {
+    void** p = (void**)first;
+    t->head[cls] = keel_link_raw_next(p);
+    p[1] = NULL; /* clear the double-free key */
+    if (KEEL_UNLIKELY(!keel_bin_count_pop(&t->bin[cls]))) return _keel_profile_countdown_expired_at(n, p, &t->head[cls], t);
+    keel_tc_leave();
+    return p;
+  }
+  return alloc_slow(n, false);
 }
 
 /* Fast path: about a dozen instructions for sizes 1..1024 when the bin has a block. The
@@ -50,7 +72,9 @@ API void* KEEL_FN(malloc)(size_t n) {
       keel_tc_leave();
       return p;
     }
+    return alloc_slow(n, false);
   }
+  if (KEEL_LIKELY(n <= KEEL_CLASS_MAX)) return alloc_medium(n);
   return alloc_slow(n, false);
 }
 

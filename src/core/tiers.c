@@ -65,6 +65,12 @@ static inline int choose_tier(size_t n, size_t align, unsigned* cls) {
  * size that no small class could align lands here too). */
 static inline size_t large_bytes(size_t n) { return n > KEEL_CLASS_MAX ? n : KEEL_CLASS_MAX + 1; }
 
+void* _keel_alloc_small(size_t n, bool zero) {
+  void* p = alloc_class(keel_size_class(n), n, true, true);
+  if (zero && p) memset(p, 0, n);
+  return p;
+}
+
 void* _keel_alloc_any(size_t n, size_t align, bool zero, bool via_cache) {
   keel_ensure_init();
   if (n == 0) n = 1;

@@ -13,6 +13,9 @@
  * small blocks straight from the central lists. Sets ENOMEM on failure. */
 void* _keel_alloc_any(size_t n, size_t align, bool zero, bool via_cache) KEEL_INTERNAL;
 void* _keel_alloc_direct(unsigned cls) KEEL_INTERNAL;
+/* malloc's and calloc's own requests of 1 byte to KEEL_CLASS_MAX, once Keel is set up and
+ * not in checked mode: _keel_alloc_any's small tier without its choice of tier. */
+void* _keel_alloc_small(size_t n, bool zero) KEEL_INTERNAL;
 enum { TIER_NONE, TIER_SMALL, TIER_LARGE, TIER_HUGE };
 size_t _keel_usable_for(size_t n, size_t align, int* tier) KEEL_INTERNAL;
 /* Usable size of a live block; reports misuse (naming `call`) for anything else. */
