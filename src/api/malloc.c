@@ -37,13 +37,12 @@ static KEEL_NOINLINE void* alloc_slow(size_t n, bool zero) {
   return p;
 }
 
-/* Sizes above the fast path's table up to the largest class (1 KiB - 128 KiB: a server's
- * buffers): the class is computed rather than looked up, and the bin popped as below.
- * Before Keel is set up, in checked mode and in a thread without a cache every bin is
- * empty, and the request goes on to alloc_slow. */
-static KEEL_NOINLINE void* alloc_medium(size_t n) {
-  unsigned cls = keel_size_class(n);
-  keel_tcache_t* t = keel_tc_enter();
+/* The pop of both malloc paths once they know the class: the bin's first block, its free
+ * key cleared and the pop counted in both halves of the bin's word (room, and the heap
+ * profiler's countdown). The head's low bits are tested (freelist.h): an empty bin and
+ * a corrupt link both go to the slow path, which tells them apart. The caller set the
+ * busy flag. */
+static KEEL_ALWAYS_INLINE void* alloc_from_bin(keel_tcache_t* t, size_t cls, size_t n) {
   uintptr_t first = t->head[cls];
   if (KEEL_LIKELY(keel_bin_head_ok(first))) {
     void** p = (void**)first;
@@ -56,23 +55,20 @@ static KEEL_NOINLINE void* alloc_medium(size_t n) {
   return alloc_slow(n, false);
 }
 
-/* Fast path: about a dozen instructions for sizes 1..1024 when the bin has a block. The
- * head's low bits are tested (freelist.h): an empty bin and a corrupt link both go to
- * the slow path, which tells them apart. */
+/* Sizes above the fast path's table up to the largest class (1 KiB - 128 KiB: a server's
+ * buffers): the class is computed rather than looked up. Before Keel is set up, in
+ * checked mode and in a thread without a cache every bin is empty, and the request goes
+ * on to alloc_slow. */
+static KEEL_NOINLINE void* alloc_medium(size_t n) {
+  unsigned cls = keel_size_class(n);
+  return alloc_from_bin(keel_tc_enter(), cls, n);
+}
+
+/* Fast path: about a dozen instructions for sizes 1..1024 when the bin has a block. */
 API void* KEEL_FN(malloc)(size_t n) {
   if (KEEL_LIKELY(n <= KEEL_SMALL_MAX)) {
     keel_tcache_t* t = keel_tc_enter();
-    size_t cls = __atomic_load_n(&_keel_class_of_size.cls[n], __ATOMIC_RELAXED);
-    uintptr_t first = t->head[cls];
-    if (KEEL_LIKELY(keel_bin_head_ok(first))) {
-      void** p = (void**)first;
-      t->head[cls] = keel_link_raw_next(p);
-      p[1] = NULL; /* clear the double-free key */
-      if (KEEL_UNLIKELY(!keel_bin_count_pop(&t->bin[cls]))) return _keel_profile_countdown_expired_at(n, p, &t->head[cls], t);
-      keel_tc_leave();
-      return p;
-    }
-    return alloc_slow(n, false);
+    return alloc_from_bin(t, __atomic_load_n(&_keel_class_of_size.cls[n], __ATOMIC_RELAXED), n);
   }
   if (KEEL_LIKELY(n <= KEEL_CLASS_MAX)) return alloc_medium(n);
   return alloc_slow(n, false);
