@@ -32,7 +32,7 @@ static struct {
 } pool = {PTHREAD_MUTEX_INITIALIZER, {0}, 0};
 
 typedef struct {
-  uint64_t seed;
+  BENCH_OWN_LINES uint64_t seed;
   obj* results; /* handed to the main thread */
   uint64_t made, freed;
   pthread_t th;
@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
   bench_init("threadchurn", argc, argv, 4);
   int n = bench_threads;
   uint64_t rounds = bench_scaled(1500.0 / n, 3);
-  task* tasks = xcalloc((size_t)n, sizeof(task));
+  task* tasks = xcalloc_own_lines((size_t)n, sizeof(task));
   obj* held[3] = {NULL, NULL, NULL}; /* results of the last rounds */
   uint64_t made = 0, freed = 0;
   for (uint64_t r = 0; r < rounds; r++) {
