@@ -67,9 +67,8 @@ static inline void* xcalloc(size_t n, size_t sz) {
 }
 /* Per-thread records that their threads write as they work start on a 128-byte line
  * pair of their own (BENCH_OWN_LINES on the first member, and this allocation): side by
- * side, two threads' counters shared a cache line, and every write of one took it from
- * the other core (bufchurn at 2 threads: 1.6-2.2x the CPU time of the same work in one,
- * under every allocator). Zeroed. */
+ * side, two threads' counters shared a cache line, and each write took it from the
+ * other core, a cost of the harness charged to whichever allocator ran. Zeroed. */
 #define BENCH_OWN_LINES _Alignas(128)
 static inline void* xcalloc_own_lines(size_t n, size_t sz) {
   size_t bytes = (n * sz + 127) & ~(size_t)127;
