@@ -56,6 +56,10 @@ ov_init() {
   trap ov_cleanup EXIT
   trap 'ov_log "interrupted"; exit 130' INT
   trap 'ov_log "terminated"; exit 143' TERM
+  # Whoever read our output is gone (ctest killed, a pipe closed): SIGPIPE's default
+  # action would end the script without its EXIT trap and leave the servers running.
+  trap 'exec >/dev/null 2>&1; exit 141' PIPE
+  trap 'exec >/dev/null 2>&1; exit 129' HUP
   ov_log "preloading $OV_LIB"
   ov_log "work dir $OV_TMP"
 }
@@ -262,7 +266,7 @@ ov_run() {
 
 ov_cleanup() {
   local rc=$? pid
-  trap - EXIT INT TERM
+  trap - EXIT INT TERM PIPE HUP
   set +e
   if [[ -n "$OV_FG_PID" ]] && ov_running "$OV_FG_PID"; then
     ov_log "cleanup: stopping client command (pid $OV_FG_PID)"
