@@ -577,6 +577,7 @@ static void gather_act(keel_tcache_t* t, bool idle, stop_t* how) {
 }
 
 static KEEL_COLD void gather(unsigned cls) {
+  if (KEEL_TSAN) return; /* nothing could be taken (with_caches_stopped): no lock, no count */
   uint64_t now = _keel_prim_clock_ms();
   if (now < __atomic_load_n(&gather_after_ms[cls], __ATOMIC_RELAXED)) return;
   keel_lock(&registry_lock);
