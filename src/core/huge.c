@@ -13,7 +13,7 @@ typedef struct huge_entry_s {
   size_t size;    /* usable bytes (mapping size) */
 } huge_entry_t;
 
-#define CACHE_SLOTS 8
+#define CACHE_SLOTS 32
 #define CACHE_MAX_BYTES ((size_t)128 << 20) /* committed memory the cache may hold */
 typedef struct cached_map_s {
   void* addr;
