@@ -65,22 +65,21 @@ static inline int choose_tier(size_t n, size_t align, unsigned* cls) {
  * size that no small class could align lands here too). */
 static inline size_t large_bytes(size_t n) { return n > KEEL_CLASS_MAX ? n : KEEL_CLASS_MAX + 1; }
 
-void* _keel_alloc_small(size_t n, bool zero) {
-  void* p = alloc_class(keel_size_class(n), n, true, true);
+/* The small tier: a block of class cls for n bytes, zeroed if asked. */
+static inline void* alloc_small_tier(unsigned cls, size_t n, bool zero, bool via_cache, bool may_borrow) {
+  void* p = alloc_class(cls, n, via_cache, may_borrow);
   if (zero && p) memset(p, 0, n);
   return p;
 }
+
+void* _keel_alloc_small(size_t n, bool zero) { return alloc_small_tier(keel_size_class(n), n, zero, true, true); }
 
 void* _keel_alloc_any(size_t n, size_t align, bool zero, bool via_cache) {
   keel_ensure_init();
   if (n == 0) n = 1;
   unsigned cls = 0;
   int tier = choose_tier(n, align, &cls);
-  if (tier == TIER_SMALL) {
-    void* p = alloc_class(cls, n, via_cache, align <= 16);
-    if (zero && p) memset(p, 0, n);
-    return p;
-  }
+  if (tier == TIER_SMALL) return alloc_small_tier(cls, n, zero, via_cache, align <= 16);
   if (tier == TIER_NONE) return enomem();
   void* p = tier == TIER_LARGE ? _keel_large_alloc(large_bytes(n), align <= 16 ? 0 : align, zero)
                                : _keel_huge_alloc(n, align <= 16 ? 0 : align, zero);
