@@ -31,8 +31,9 @@ static void set_serving(unsigned cls, unsigned serving) {
  *            1/16 of it left over, else 16;
  *   count    blocks in the slab, at most KEEL_SLAB_MAX_OBJECTS;
  *   batch    about 8 KiB of blocks (1-32), even when above 1: it splits into two halves;
- *   bin_limit, transfer_max  about 16 KiB of blocks in a bin (at least two batches) and
- *            in the transfer cache (1-8 batches); none above KEEL_CACHED_MAX;
+ *   bin_limit, transfer_max  about 16 KiB of blocks in a bin (at least two batches and
+ *            BIN_MIN blocks) and in the transfer cache (1-8 batches); none above
+ *            KEEL_CACHED_MAX;
  *   div_magic  (offset * div_magic) >> 40 == offset / size for every slab offset.
  * Batches of about 8 KiB, bins of about 16 KiB: every class a thread uses can hold that
  * much in its cache, and a program or server with a hundred classes in use keeps that
@@ -57,7 +58,11 @@ static void set_serving(unsigned cls, unsigned serving) {
 #define C_BATCH0(sz) C_CLAMP(8192u / (sz), 1u, KEEL_BATCH_MAX)
 #define C_BATCH(sz) (C_BATCH0(sz) > 1u ? C_BATCH0(sz) & ~1u : 1u)
 #define C_CACHED(sz) ((sz) <= KEEL_CACHED_MAX)
-#define C_BIN_LIMIT(sz) (C_CACHED(sz) ? C_CLAMP(16384u / (sz), 2u * C_BATCH(sz), 1024u) : 0u)
+/* Above 4 KiB a bin would hold two blocks: a thread that works with three or four
+ * buffers of one class at once (a server's per-request buffers) missed at every round. */
+#define BIN_MIN 4u
+#define C_BIN_FLOOR(sz) (2u * C_BATCH(sz) > BIN_MIN ? 2u * C_BATCH(sz) : BIN_MIN)
+#define C_BIN_LIMIT(sz) (C_CACHED(sz) ? C_CLAMP(16384u / (sz), C_BIN_FLOOR(sz), 1024u) : 0u)
 #define C_TRANSFER(sz) \
   (C_CACHED(sz) ? C_CLAMP(16384u / (C_BATCH(sz) * (sz)), 1u, (unsigned)KEEL_TRANSFER_SLOTS) : 0u)
 #define C_ENTRY(sz)                                                                          \

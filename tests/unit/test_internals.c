@@ -160,7 +160,7 @@ static void test_size_classes(void) {
     if (k->size > KEEL_CACHED_MAX) { /* never cached: no bin, no parked batches */
       CHECK(k->bin_limit == 0 && k->transfer_max == 0);
     } else {
-      CHECK(k->bin_limit >= 2 && k->bin_limit >= k->batch);
+      CHECK(k->bin_limit >= 4 && k->bin_limit >= 2 * k->batch);
       CHECK(k->transfer_max >= 1 && k->transfer_max <= KEEL_TRANSFER_SLOTS);
     }
     /* The division magic is exact for every block offset in a slab. */
@@ -195,7 +195,8 @@ static void test_size_classes(void) {
     if (count > KEEL_SLAB_MAX_OBJECTS) count = KEEL_SLAB_MAX_OBJECTS;
     size_t batch = 8192 / size < 1 ? 1 : 8192 / size > 32 ? 32 : 8192 / size;
     if (batch > 1) batch &= ~(size_t)1;
-    size_t bin = 16384 / size < 2 * batch ? 2 * batch : 16384 / size > 1024 ? 1024 : 16384 / size;
+    size_t bin_floor = 2 * batch > 4 ? 2 * batch : 4;
+    size_t bin = 16384 / size < bin_floor ? bin_floor : 16384 / size > 1024 ? 1024 : 16384 / size;
     size_t transfer = 16384 / (batch * size);
     transfer = transfer < 1 ? 1 : transfer > KEEL_TRANSFER_SLOTS ? KEEL_TRANSFER_SLOTS : transfer;
     if (size > KEEL_CACHED_MAX) bin = transfer = 0;
