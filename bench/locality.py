@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""locality.py -- how well an allocator's placement keeps a program's blocks in cache.
+
+Runs a program under each allocator with a shim preloaded in front of it
+(locality_shim.c) that records the address and size of every malloc and calloc of up to
+128 KiB, then replays the record through a model of one cache level: at each allocation
+the program is taken to write the block's first, middle and last line. It prints, per
+allocator, the mallocs recorded, the model's misses per 1,000 of them and the distinct
+4 KiB pages the blocks covered.
+
+The count needs no hardware counters and, for a single-threaded program, repeats
+exactly; a threaded program's record interleaves its threads as they ran, the case of
+threads sharing one processor's cache. What it leaves out: the allocator's own
+accesses (its metadata, the links it writes), the program's other memory, and the
+blocks' later use. Where an allocator hands back the blocks freed last, the model
+hits; where it hands out blocks freed long ago, or spreads a working set over more
+pages, it misses (docs/experiments.md, "What workset's time is made of").
+
+    python3 bench/locality.py [--allocators glibc,mimalloc,keel] [--cache BYTES]
+                              [--ways N] [--build-dir build] -- PROGRAM [ARGS...]
+
+--cache defaults to this machine's second-level cache (sysfs), --ways 0 models it fully
+associative; --ways N sets it N-way, indexed by virtual address, which is what a cache
+sees where huge pages back the heap, not with 4 KiB pages (the physical frames behind
+them scatter the sets).
+"""
+import argparse
+import array
+import os
+import subprocess
+import sys
+import tempfile
+from collections import OrderedDict
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from run import DEFAULT_ALLOCATORS, SetupError, resolve_allocators  # noqa: E402
+
+LINE = 64
+PAGE = 4096
+
+
+def second_level_cache_bytes():
+    """The size of cpu0's level-2 data or unified cache from sysfs, else 1 MiB."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in sorted(os.listdir(base)):
+            d = os.path.join(base, entry)
+            with open(os.path.join(d, "level")) as f:
+                level = f.read().strip()
+            with open(os.path.join(d, "type")) as f:
+                kind = f.read().strip()
+            if level == "2" and kind in ("Data", "Unified"):
+                with open(os.path.join(d, "size")) as f:
+                    text = f.read().strip()
+                mult = {"K": 1 << 10, "M": 1 << 20}.get(text[-1], 1)
+                return int(text.rstrip("KM")) * mult
+    except (OSError, ValueError):
+        pass
+    return 1 << 20
+
+
+def build_shim(out_dir):
+    shim = os.path.join(out_dir, "locality_shim.so")
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", shim, os.path.join(HERE, "locality_shim.c"), "-ldl"],
+                   check=True)
+    return shim
+
+
+def replay(path, cache_bytes, ways):
+    """(mallocs, misses, distinct pages) of the record at path."""
+    raw = array.array("Q")
+    with open(path, "rb") as f:
+        raw.frombytes(f.read())
+    lines = cache_bytes // LINE
+    nsets = 1 if ways == 0 else max(1, lines // ways)
+    per_set = lines if ways == 0 else ways
+    sets = [OrderedDict() for _ in range(nsets)]
+    misses = 0
+    pages = set()
+    for i in range(0, len(raw), 2):
+        addr, size = raw[i], raw[i + 1]
+        pages.add(addr // PAGE)
+        for off in {0, size // 2, size - 1}:
+            line = (addr + off) // LINE
+            s = sets[line % nsets]
+            if line in s:
+                s.move_to_end(line)
+            else:
+                misses += 1
+                s[line] = None
+                if len(s) > per_set:
+                    s.popitem(last=False)
+    return len(raw) // 2, misses, len(pages)
+
+
+def self_test():
+    """The model on records whose answer is known; True if it gives it."""
+    def record(blocks):
+        fd, path = tempfile.mkstemp(prefix="keel-locality-test-")
+        with os.fdopen(fd, "wb") as f:
+            array.array("Q", [w for b in blocks for w in b]).tofile(f)
+        return path
+    # 16 blocks of 64 bytes, 16 lines, cycled 10 times through an 8 KiB cache: only the
+    # first round misses; 256 lines (16 KiB) cycled through it: every access misses.
+    small = record([(0x10000 + 64 * (i % 16), 64) for i in range(160)])
+    large = record([(0x10000 + 64 * (i % 256), 64) for i in range(2560)])
+    # A 4 KiB block touches three lines; two 64-byte blocks 8 KiB apart share a set of a
+    # two-set cache, and four of them overflow its two ways.
+    wide = record([(0x20000, 4096)])
+    aliased = record([(0x40000 + 8192 * (i % 4), 64) for i in range(40)])
+    try:
+        ok = (replay(small, 8192, 0) == (160, 16, 1) and replay(large, 8192, 0) == (2560, 2560, 4) and
+              replay(wide, 8192, 0) == (1, 3, 1) and replay(aliased, 128, 0) == (40, 40, 4) and
+              replay(aliased, 256, 0) == (40, 4, 4) and replay(aliased, 256, 2) == (40, 40, 4))
+    finally:
+        for p in (small, large, wide, aliased):
+            os.unlink(p)
+    print("locality.py: self-test %s" % ("passed" if ok else "FAILED"))
+    return ok
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--allocators", default=DEFAULT_ALLOCATORS,
+                    help="as run.py's: names or NAME=/path/to/lib.so (default: %(default)s)")
+    ap.add_argument("--build-dir", default=os.path.join(os.path.dirname(HERE), "build"))
+    ap.add_argument("--cache", type=int, default=0, help="bytes (default: this machine's L2)")
+    ap.add_argument("--ways", type=int, default=0, help="0: fully associative (default)")
+    ap.add_argument("--self-test", action="store_true", help="check the model on known records and exit")
+    ap.add_argument("program", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]")
+    args = ap.parse_args(argv)
+    if args.self_test:
+        return 0 if self_test() else 1
+    prog = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if not prog:
+        ap.error("no program given (after --)")
+    cache = args.cache or second_level_cache_bytes()
+    try:
+        allocs = resolve_allocators(args.allocators, os.path.abspath(args.build_dir))
+    except SetupError as e:
+        print("locality.py: %s" % e, file=sys.stderr)
+        return 2
+    missing = [a.problem for a in allocs if a.problem]
+    if missing:
+        print("locality.py: " + "\n".join(missing), file=sys.stderr)
+        return 2
+    print("%s: a %d KiB cache, %s, lines of %d bytes" %
+          (" ".join(prog), cache >> 10, "fully associative" if args.ways == 0 else "%d-way" % args.ways, LINE))
+    print("%-12s %12s %14s %10s" % ("allocator", "mallocs", "misses/1,000", "4K pages"))
+    with tempfile.TemporaryDirectory(prefix="keel-locality-") as tmp:
+        shim = build_shim(tmp)
+        for a in allocs:
+            trace = os.path.join(tmp, a.name + ".trace")
+            preload = shim if a.lib is None else shim + " " + a.lib
+            env = dict(os.environ, LD_PRELOAD=preload, LOCALITY_TRACE=trace)
+            r = subprocess.run(prog, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if r.returncode != 0 or not os.path.exists(trace):
+                print("locality.py: %s under %s failed (exit %d): %s" %
+                      (prog[0], a.name, r.returncode, r.stderr.strip()[-500:]), file=sys.stderr)
+                return 1
+            n, misses, pages = replay(trace, cache, args.ways)
+            print("%-12s %12d %14.1f %10d" % (a.name, n, 1000.0 * misses / n if n else 0.0, pages))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
