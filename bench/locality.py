@@ -3,21 +3,24 @@
 
 Runs a program under each allocator with a shim preloaded in front of it
 (locality_shim.c) that records the address and size of every malloc and calloc of up to
-128 KiB, then replays the record through a model of one cache level: at each allocation
-the program is taken to write the block's first, middle and last line. It prints, per
-allocator, the mallocs recorded, the model's misses per 1,000 of them and the distinct
-4 KiB pages the blocks covered.
+128 KiB and the address of every free, then replays the record through a model of one
+cache level: at each allocation the program is taken to write the block's first, middle
+and last line, at each free its first (where allocators keep their links). It prints,
+per allocator, the mallocs recorded, the model's misses per 1,000 of them and the
+distinct 4 KiB pages the blocks covered.
 
 The count needs no hardware counters and, for a single-threaded program, repeats
-exactly; a threaded program's record interleaves its threads as they ran, the case of
-threads sharing one processor's cache. What it leaves out: the allocator's own
+exactly; a threaded program's record interleaves its threads as they ran. By default
+they share one cache (threads on one processor); --per-thread gives each its own, as
+threads on processors of their own, and a write to a line takes it out of the other
+threads' caches, so a block one thread freed and another got counts as a miss. What it leaves out: the allocator's own
 accesses (its metadata, the links it writes), the program's other memory, and the
 blocks' later use. Where an allocator hands back the blocks freed last, the model
 hits; where it hands out blocks freed long ago, or spreads a working set over more
 pages, it misses (docs/experiments.md, "What workset's time is made of").
 
     python3 bench/locality.py [--allocators glibc,mimalloc,keel] [--cache BYTES]
-                              [--ways N] [--build-dir build] -- PROGRAM [ARGS...]
+                              [--ways N] [--per-thread] [--build-dir build] -- PROGRAM [ARGS...]
 
 --cache defaults to this machine's second-level cache (sysfs), --ways 0 models it fully
 associative; --ways N sets it N-way, indexed by virtual address, which is what a cache
@@ -67,7 +70,7 @@ def build_shim(out_dir):
     return shim
 
 
-def replay(path, cache_bytes, ways):
+def replay(path, cache_bytes, ways, per_thread=False):
     """(mallocs, misses, distinct pages) of the record at path."""
     raw = array.array("Q")
     with open(path, "rb") as f:
@@ -75,15 +78,27 @@ def replay(path, cache_bytes, ways):
     lines = cache_bytes // LINE
     nsets = 1 if ways == 0 else max(1, lines // ways)
     per_set = lines if ways == 0 else ways
-    sets = [OrderedDict() for _ in range(nsets)]
-    misses = 0
+    caches = {}  # thread (0 for all when shared) -> its sets
+    writer = {}  # line -> the thread that wrote it last (per_thread)
+    misses = mallocs = 0
     pages = set()
     for i in range(0, len(raw), 2):
-        addr, size = raw[i], raw[i + 1]
-        pages.add(addr // PAGE)
-        for off in {0, size // 2, size - 1}:
+        addr, word = raw[i], raw[i + 1]
+        size, thread = word & 0xFFFFFFFF, (word >> 32) if per_thread else 0
+        mallocs += size != 0
+        sets = caches.get(thread)
+        if sets is None:
+            sets = caches[thread] = [OrderedDict() for _ in range(nsets)]
+        if size:
+            pages.add(addr // PAGE)
+        for off in ({0, size // 2, size - 1} if size else (0,)):
             line = (addr + off) // LINE
             s = sets[line % nsets]
+            if per_thread:
+                last = writer.get(line)
+                if last is not None and last != thread:
+                    caches[last][line % nsets].pop(line, None)  # the write invalidates it there
+                writer[line] = thread
             if line in s:
                 s.move_to_end(line)
             else:
@@ -91,7 +106,7 @@ def replay(path, cache_bytes, ways):
                 s[line] = None
                 if len(s) > per_set:
                     s.popitem(last=False)
-    return len(raw) // 2, misses, len(pages)
+    return mallocs, misses, len(pages)
 
 
 def self_test():
@@ -108,13 +123,21 @@ def self_test():
     # A 4 KiB block touches three lines; two 64-byte blocks 8 KiB apart share a set of a
     # two-set cache, and four of them overflow its two ways.
     wide = record([(0x20000, 4096)])
+    # Two threads writing one line in turn: shared, one miss; each its own cache, every
+    # write after the first pair finds it taken away by the other's.
+    pingpong = record([(0x30000, 64 | (i % 2) << 32) for i in range(10)])
+    # A block one thread allocates and another frees, ten times over: each of those
+    # writes misses in the other thread's cache; shared, one miss in all.
+    handoff = record([(0x50000, (64 if i % 2 == 0 else 0) | (i % 2) << 32) for i in range(20)])
     aliased = record([(0x40000 + 8192 * (i % 4), 64) for i in range(40)])
     try:
         ok = (replay(small, 8192, 0) == (160, 16, 1) and replay(large, 8192, 0) == (2560, 2560, 4) and
               replay(wide, 8192, 0) == (1, 3, 1) and replay(aliased, 128, 0) == (40, 40, 4) and
-              replay(aliased, 256, 0) == (40, 4, 4) and replay(aliased, 256, 2) == (40, 40, 4))
+              replay(aliased, 256, 0) == (40, 4, 4) and replay(aliased, 256, 2) == (40, 40, 4) and
+              replay(pingpong, 8192, 0) == (10, 1, 1) and replay(pingpong, 8192, 0, True) == (10, 10, 1) and
+              replay(handoff, 8192, 0) == (10, 1, 1) and replay(handoff, 8192, 0, True) == (10, 20, 1))
     finally:
-        for p in (small, large, wide, aliased):
+        for p in (small, large, wide, aliased, pingpong, handoff):
             os.unlink(p)
     print("locality.py: self-test %s" % ("passed" if ok else "FAILED"))
     return ok
@@ -128,6 +151,7 @@ def main(argv=None):
     ap.add_argument("--build-dir", default=os.path.join(os.path.dirname(HERE), "build"))
     ap.add_argument("--cache", type=int, default=0, help="bytes (default: this machine's L2)")
     ap.add_argument("--ways", type=int, default=0, help="0: fully associative (default)")
+    ap.add_argument("--per-thread", action="store_true", help="a cache for each thread (threads on processors of their own)")
     ap.add_argument("--self-test", action="store_true", help="check the model on known records and exit")
     ap.add_argument("program", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]")
     args = ap.parse_args(argv)
@@ -146,8 +170,9 @@ def main(argv=None):
     if missing:
         print("locality.py: " + "\n".join(missing), file=sys.stderr)
         return 2
-    print("%s: a %d KiB cache, %s, lines of %d bytes" %
-          (" ".join(prog), cache >> 10, "fully associative" if args.ways == 0 else "%d-way" % args.ways, LINE))
+    print("%s: a %d KiB cache%s, %s, lines of %d bytes" %
+          (" ".join(prog), cache >> 10, " for each thread" if args.per_thread else "",
+           "fully associative" if args.ways == 0 else "%d-way" % args.ways, LINE))
     print("%-12s %12s %14s %10s" % ("allocator", "mallocs", "misses/1,000", "4K pages"))
     with tempfile.TemporaryDirectory(prefix="keel-locality-") as tmp:
         shim = build_shim(tmp)
@@ -160,7 +185,7 @@ def main(argv=None):
                 print("locality.py: %s under %s failed (exit %d): %s" %
                       (prog[0], a.name, r.returncode, r.stderr.strip()[-500:]), file=sys.stderr)
                 return 1
-            n, misses, pages = replay(trace, cache, args.ways)
+            n, misses, pages = replay(trace, cache, args.ways, args.per_thread)
             print("%-12s %12d %14.1f %10d" % (a.name, n, 1000.0 * misses / n if n else 0.0, pages))
     return 0
 
