@@ -120,16 +120,18 @@ def self_test():
     # first round misses; 256 lines (16 KiB) cycled through it: every access misses.
     small = record([(0x10000 + 64 * (i % 16), 64) for i in range(160)])
     large = record([(0x10000 + 64 * (i % 256), 64) for i in range(2560)])
-    # A 4 KiB block touches three lines; two 64-byte blocks 8 KiB apart share a set of a
-    # two-set cache, and four of them overflow its two ways.
+    # A 4 KiB block touches three lines.
     wide = record([(0x20000, 4096)])
-    # Two threads writing one line in turn: shared, one miss; each its own cache, every
-    # write after the first pair finds it taken away by the other's.
-    pingpong = record([(0x30000, 64 | (i % 2) << 32) for i in range(10)])
-    # A block one thread allocates and another frees, ten times over: each of those
-    # writes misses in the other thread's cache; shared, one miss in all.
-    handoff = record([(0x50000, (64 if i % 2 == 0 else 0) | (i % 2) << 32) for i in range(20)])
+    # Four 64-byte blocks 8 KiB apart: a cache of two lines misses every time, one of
+    # four only the first round, and four lines in two sets of two ways (all four in one
+    # set) every time again.
     aliased = record([(0x40000 + 8192 * (i % 4), 64) for i in range(40)])
+    # Two threads writing one line in turn: shared, one miss; each its own cache, every
+    # write misses, the other thread's having taken the line away.
+    pingpong = record([(0x30000, 64 | (i % 2) << 32) for i in range(10)])
+    # A block one thread allocates and another frees, ten times over: the same, counting
+    # the frees' writes (20); shared, one miss in all.
+    handoff = record([(0x50000, (64 if i % 2 == 0 else 0) | (i % 2) << 32) for i in range(20)])
     try:
         ok = (replay(small, 8192, 0) == (160, 16, 1) and replay(large, 8192, 0) == (2560, 2560, 4) and
               replay(wide, 8192, 0) == (1, 3, 1) and replay(aliased, 128, 0) == (40, 40, 4) and
