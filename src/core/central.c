@@ -573,7 +573,7 @@ static inline keel_central_t* lock_line(unsigned cls, unsigned line) {
   return cl;
 }
 
-void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
+void* _keel_central_take_slabs_how(unsigned cls, uint32_t want, uint32_t* got, keel_take_t how) {
   const keel_class_t* k = &_keel_classes[cls];
   bool apart = _keel_transfer_apart();
   unsigned line = keel_many_cores() || apart ? _keel_transfer_home() : 0;
@@ -587,7 +587,8 @@ void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
   bool grew = false;
   while (n < want && !taken_full(&taken)) {
     keel_slab_t* s = h->partial;
-    if (s == NULL && __atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) != 0) s = partial_adopt(cl, line, apart);
+    if (s == NULL && __atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) != 0)
+      s = partial_adopt(cl, line, apart && how != KEEL_TAKE_ANY_LINE);
     if (s == NULL) {
       /* No slab with a free block: a parked batch goes back to its slabs rather than the
        * class taking a new slab beside it (a take too small for a batch - a young
@@ -603,6 +604,7 @@ void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
         keel_lock(&h->lock);
         continue;
       }
+      if (how == KEEL_TAKE_NO_NEW_SLAB) break;
       s = slab_new(cls, false);
       if (s == NULL) break;
       grew = true;

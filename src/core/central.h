@@ -127,8 +127,16 @@ static inline bool _keel_central_slabs_have_free(unsigned cls) {
 /* Takes up to `want` blocks of class cls; returns a NULL-terminated list and sets *got.
  * NULL (and *got 0) when memory is exhausted. */
 void* _keel_central_take(unsigned cls, uint32_t want, uint32_t* got) KEEL_INTERNAL;
+/* How far a take from the slabs may go for its blocks: a new slab if none has one, or
+ * not (NULL where only a new slab would do: the caller gathers first, tcache.c); or,
+ * while threads are apart, also another thread's lone slab on a line in use (blocks a
+ * gather just gave back to it). */
+typedef enum { KEEL_TAKE_OR_GROW, KEEL_TAKE_NO_NEW_SLAB, KEEL_TAKE_ANY_LINE } keel_take_t;
 /* The same from the slabs alone, under the class's lock (the transfer cache was tried). */
-void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) KEEL_INTERNAL;
+void* _keel_central_take_slabs_how(unsigned cls, uint32_t want, uint32_t* got, keel_take_t how) KEEL_INTERNAL;
+static inline void* _keel_central_take_slabs(unsigned cls, uint32_t want, uint32_t* got) {
+  return _keel_central_take_slabs_how(cls, want, got, KEEL_TAKE_OR_GROW);
+}
 /* The class's lock held: every block of a list of class cls goes back to its slab. */
 void _keel_central_put_locked(unsigned cls, void* list) KEEL_INTERNAL;
 /* Gives back a NULL-terminated list of n blocks of class cls. */

@@ -538,16 +538,19 @@ static bool with_caches_stopped(stop_t* how) {
  * Blocks above GATHER_MIN wait in the bins like any others, but each is worth a slab's
  * share of smaller ones: every one of Sphinx's sixteen connection threads held one or two
  * blocks of each 8-32 KiB class it had used, 1.5 MiB in all, flat, while between two
- * queries it needed none. So before such a class takes a new slab (its transfer cache and
- * slabs are empty) with other caches in use, the thread gathers the class's blocks from
- * the other threads' bins into the slabs, the way the purger takes back a waiting
- * thread's cache (below): each holder is pointed at the empty cache, one membarrier(2)
- * covers them all, and a holder whose busy flag is then clear gives up its bin of the
- * class; one inside a malloc or free keeps it. The holders' fast paths pay nothing (a
- * holder that calls in meanwhile is served by the central lists: tcache_rebind). A gather
- * that finds nothing makes the class wait GATHER_IDLE_MS for the next; one that finds
- * blocks lets the next come at once, as each block it found is a block of new slab not
- * taken. Without membarrier, and under TSan, which cannot see it, nothing is gathered. */
+ * queries it needed none. So where such a class's take finds no slab this thread may
+ * take from (its transfer cache is empty too) and other caches are in use, the thread
+ * gathers the class's blocks from the other threads' bins into the slabs before it takes
+ * a new one, the way the purger takes back a waiting thread's cache (below): each holder
+ * is pointed at the empty cache, one membarrier(2) covers them all, and a holder whose
+ * busy flag is then clear gives up its bin of the class; one inside a malloc or free
+ * keeps it. The holders' fast paths pay nothing (a holder that calls in meanwhile is
+ * served by the central lists: tcache_rebind). The blocks go back to their own slabs,
+ * which may be another line's that the take would pass by while threads are apart
+ * (central.c): the take after a gather may use any line's. A gather that finds nothing
+ * makes the class wait GATHER_IDLE_MS for the next; one that finds blocks lets the next
+ * come at once, as each block it found is a block of new slab not taken. Without
+ * membarrier, and under TSan, which cannot see it, nothing is gathered. */
 #define GATHER_MIN (8u << 10)
 #define GATHER_IDLE_MS 10
 static uint64_t gather_after_ms[KEEL_NUM_CLASSES]; /* a class's next gather, after an idle one */
@@ -576,14 +579,16 @@ static void gather_act(keel_tcache_t* t, bool idle, stop_t* how) {
   __atomic_store_n(&t->owner->tc, t, __ATOMIC_RELEASE);
 }
 
-static KEEL_COLD void gather(unsigned cls) {
-  if (KEEL_TSAN) return; /* nothing could be taken (with_caches_stopped): no lock, no count */
+/* Whether blocks went back to cls's slabs: gathered now, or by another thread since this
+ * one read `seen` of _keel_gathers (before its take found no slab). */
+static KEEL_COLD bool gather(unsigned cls, uint64_t seen) {
+  if (KEEL_TSAN) return false; /* nothing could be taken (with_caches_stopped): no lock, no count */
   uint64_t now = _keel_prim_clock_ms();
-  if (now < __atomic_load_n(&gather_after_ms[cls], __ATOMIC_RELAXED)) return;
+  if (now < __atomic_load_n(&gather_after_ms[cls], __ATOMIC_RELAXED)) return false;
   keel_lock(&registry_lock);
-  if (_keel_central_slabs_have_free(cls)) { /* another thread gathered meanwhile */
+  if (_keel_gathers != seen) {
     keel_unlock(&registry_lock);
-    return;
+    return true;
   }
   gather_t g = {{gather_pick, gather_act}, cls, 0};
   with_caches_stopped(&g.how);
@@ -591,6 +596,18 @@ static KEEL_COLD void gather(unsigned cls) {
   __atomic_store_n(&_keel_blocks_gathered, _keel_blocks_gathered + g.blocks, __ATOMIC_RELAXED);
   if (g.blocks == 0) __atomic_store_n(&gather_after_ms[cls], now + GATHER_IDLE_MS, __ATOMIC_RELAXED);
   keel_unlock(&registry_lock);
+  return g.blocks != 0;
+}
+
+/* An empty bin's take from the slabs (the transfer cache was tried): of a class above
+ * GATHER_MIN with other caches in use, a gather comes before a new slab. The first take
+ * then costs a second round trip to the class's lock only where it would have grown. */
+static void* take_or_gather(unsigned cls, uint32_t want, uint32_t* got) {
+  if (_keel_classes[cls].size <= GATHER_MIN || one_cache()) return _keel_central_take_slabs(cls, want, got);
+  uint64_t seen = __atomic_load_n(&_keel_gathers, __ATOMIC_RELAXED);
+  void* list = _keel_central_take_slabs_how(cls, want, got, KEEL_TAKE_NO_NEW_SLAB);
+  if (list != NULL) return list;
+  return _keel_central_take_slabs_how(cls, want, got, gather(cls, seen) ? KEEL_TAKE_ANY_LINE : KEEL_TAKE_OR_GROW);
 }
 
 void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, size_t borrow_for) {
@@ -624,9 +641,8 @@ void* _keel_tcache_alloc_slow(keel_tcache_t* t, unsigned cls, size_t borrow_for)
   }
   if (!cached) return central_alloc_one(cls, looked);
   if (keel_bin_empty(t, cls)) {
-    if (_keel_classes[cls].size > GATHER_MIN && !_keel_central_slabs_have_free(cls) && !one_cache()) gather(cls);
     uint32_t got;
-    void* list = _keel_central_take_slabs(cls, want, &got); /* the transfer cache was tried above */
+    void* list = take_or_gather(cls, want, &got); /* the transfer cache was tried above */
     if (list == NULL) {
       _keel_prim_set_errno(_keel_prim_errno_enomem());
       return NULL;

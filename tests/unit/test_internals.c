@@ -451,17 +451,36 @@ static void test_thread_cache(void) {
   keel_thread_flush();
 }
 
-/* Gathering (tcache.c): a thread that holds a free 16 KiB block in its bin and waits gives
- * it up to a thread whose class is about to take a new slab. */
+/* Gathering (tcache.c): a thread that holds free 16 KiB blocks in its bin and waits gives
+ * them up to a thread whose class is about to take a new slab. Where there are two
+ * processors the two threads run on different ones, so that they are apart (transfer.h)
+ * and the holder's lone slab, on a line it used a moment ago, is one the other thread's
+ * takes pass by (central.c): that slab must not keep the gather from coming, nor the
+ * gathered blocks, which go back to it, from being taken (a 2-core CI machine placed
+ * them so, and 4,096 mallocs took new slabs and gathered nothing). */
 static struct {
   keel_tcache_t* t;
   void* held[2];
+  int cpu[2]; /* the holder's and the taker's, -1: not pinned */
   pthread_barrier_t ready, done;
 } gh;
 
+static void pin_to(int cpu) {
+  if (cpu < 0) return;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  CHECK(pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0);
+}
+
 static void* gather_holder(void* arg) {
   (void)arg;
+  pin_to(gh.cpu[0]);
   for (int i = 0; i < 200; i++) free(malloc(64)); /* past the young thread's calls: a cache */
+  enum { CHURN = 64 };
+  static void* churn[CHURN]; /* through its line's transfer cache: the line is in use */
+  for (int i = 0; i < CHURN; i++) churn[i] = malloc(16 << 10);
+  for (int i = 0; i < CHURN; i++) free(churn[i]);
   gh.held[0] = malloc(16 << 10);
   gh.held[1] = malloc(16 << 10);
   free(gh.held[0]);
@@ -475,6 +494,13 @@ static void* gather_holder(void* arg) {
 static void test_gather(void) {
   TEST_SECTION("gathering");
   unsigned big = keel_size_class(16 << 10);
+  cpu_set_t was;
+  CHECK(pthread_getaffinity_np(pthread_self(), sizeof was, &was) == 0);
+  gh.cpu[0] = gh.cpu[1] = -1;
+  for (int c = 0, n = 0; c < CPU_SETSIZE && n < 2; c++)
+    if (CPU_ISSET(c, &was)) gh.cpu[n++] = c;
+  if (gh.cpu[1] < 0) gh.cpu[0] = -1; /* one processor: both run there */
+  pin_to(gh.cpu[1]);
   pthread_barrier_init(&gh.ready, NULL, 2);
   pthread_barrier_init(&gh.done, NULL, 2);
   pthread_t th;
@@ -504,6 +530,7 @@ static void test_gather(void) {
   for (int i = 0; i < n; i++) free(got[i]);
   pthread_barrier_wait(&gh.done);
   pthread_join(th, NULL);
+  CHECK(pthread_setaffinity_np(pthread_self(), sizeof was, &was) == 0);
   _keel_verify();
 }
 
