@@ -581,7 +581,7 @@ static void gather_act(keel_tcache_t* t, bool idle, stop_t* how) {
 
 /* Whether blocks went back to cls's slabs: gathered now, or by another thread since this
  * one read `seen` of _keel_gathers (before its take found no slab). */
-static KEEL_COLD bool gather(unsigned cls, uint64_t seen) {
+static bool gather(unsigned cls, uint64_t seen) {
   if (KEEL_TSAN) return false; /* nothing could be taken (with_caches_stopped): no lock, no count */
   uint64_t now = _keel_prim_clock_ms();
   if (now < __atomic_load_n(&gather_after_ms[cls], __ATOMIC_RELAXED)) return false;
