@@ -37,7 +37,7 @@ from collections import OrderedDict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from run import DEFAULT_ALLOCATORS, SetupError, resolve_allocators  # noqa: E402
+from run import SetupError, resolve_present, tool_parser  # noqa: E402
 
 LINE = 64
 PAGE = 4096
@@ -146,11 +146,7 @@ def self_test():
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[1],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--allocators", default=DEFAULT_ALLOCATORS,
-                    help="as run.py's: names or NAME=/path/to/lib.so (default: %(default)s)")
-    ap.add_argument("--build-dir", default=os.path.join(os.path.dirname(HERE), "build"))
+    ap = tool_parser(__doc__)
     ap.add_argument("--cache", type=int, default=0, help="bytes (default: this machine's L2)")
     ap.add_argument("--ways", type=int, default=0, help="0: fully associative (default)")
     ap.add_argument("--per-thread", action="store_true", help="a cache for each thread (threads on processors of their own)")
@@ -164,13 +160,9 @@ def main(argv=None):
         ap.error("no program given (after --)")
     cache = args.cache or second_level_cache_bytes()
     try:
-        allocs = resolve_allocators(args.allocators, os.path.abspath(args.build_dir))
+        allocs = resolve_present(args.allocators, os.path.abspath(args.build_dir))
     except SetupError as e:
         print("locality.py: %s" % e, file=sys.stderr)
-        return 2
-    missing = [a.problem for a in allocs if a.problem]
-    if missing:
-        print("locality.py: " + "\n".join(missing), file=sys.stderr)
         return 2
     print("%s: a %d KiB cache%s, %s, lines of %d bytes" %
           (" ".join(prog), cache >> 10, " for each thread" if args.per_thread else "",

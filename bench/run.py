@@ -154,6 +154,27 @@ def resolve_allocators(spec, build_dir):
     return out
 
 
+def resolve_present(spec, build_dir):
+    """resolve_allocators, every library present: else a SetupError naming what is missing
+    and how to get it (bench/'s other tools)."""
+    allocs = resolve_allocators(spec, build_dir)
+    missing = [a.problem for a in allocs if a.problem]
+    if missing:
+        raise SetupError("\n".join(missing))
+    return allocs
+
+
+def tool_parser(doc):
+    """The argument parser of bench/'s other tools: the first line of their doc string,
+    --allocators as here, and --build-dir."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--allocators", default=DEFAULT_ALLOCATORS,
+                    help="as run.py's: names or NAME=/path/to/lib.so (default: %(default)s)")
+    ap.add_argument("--build-dir", default=os.path.join(SOURCE_DIR, "build"))
+    return ap
+
+
 def package_version(pkg):
     try:
         r = subprocess.run(["dpkg-query", "-W", "-f=${Version}", pkg], capture_output=True,

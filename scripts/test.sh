@@ -3,7 +3,8 @@
 #   ctest        api, unit (incl. the fast-path golden count), stress, misuse (default and
 #                checked mode), faults, override (python3, redis, mariadb, postgres under
 #                LD_PRELOAD), jemalloc API, fuzz (regressions + 60 s), suites (CPython and
-#                MariaDB test subsets), soak (60 s), pagesize, bench (locality.py's model)
+#                MariaDB test subsets), soak (60 s), pagesize, bench (locality.py's model,
+#                atomics.py's count)
 #   sanitizers   UBSan, TSan and the KEEL_DEBUG=2 invariant-walk build (scripts/sanitize.sh)
 #   arm64        cross-built suites under qemu-user, 64 KiB pages + 512 MiB huge page
 #   package      the .deb built, installed, MariaDB through mysqld_safe --malloc-lib, removed
