@@ -511,11 +511,13 @@ typedef struct stop_s {
   void (*act)(keel_tcache_t* t, bool idle, struct stop_s* self);
 } stop_t;
 
+/* Whether other threads' caches can be stopped at all: not under TSan, which cannot see
+ * the barrier, nor where membarrier was refused - then not one of them is pointed at the
+ * empty cache (each would take its slow path for nothing) and no gather is counted. */
+static inline bool caches_stoppable(void) { return !KEEL_TSAN && !_keel_prim_barrier_refused(); }
+
 static bool with_caches_stopped(stop_t* how) {
-#if KEEL_TSAN /* it cannot see the barrier: nothing is taken */
-  (void)how;
-  return false;
-#else
+  if (!caches_stoppable()) return false;
   bool any = false;
   for (keel_tcache_t* t = registry; t != NULL; t = t->next) {
     if (t->owner == &_keel_thread || !how->pick(t, how)) continue; /* never the caller's own */
@@ -531,7 +533,6 @@ static bool with_caches_stopped(stop_t* how) {
     how->act(t, fenced && __atomic_load_n(&t->owner->busy, __ATOMIC_ACQUIRE) == 0, how);
   }
   return fenced;
-#endif
 }
 
 /* ---- gathering ----------------------------------------------------------------------
@@ -582,7 +583,7 @@ static void gather_act(keel_tcache_t* t, bool idle, stop_t* how) {
 /* Whether blocks went back to cls's slabs: gathered now, or by another thread since this
  * one read `seen` of _keel_gathers (before its take found no slab). */
 static bool gather(unsigned cls, uint64_t seen) {
-  if (KEEL_TSAN) return false; /* nothing could be taken (with_caches_stopped): no lock, no count */
+  if (!caches_stoppable()) return false; /* nothing could be taken: no lock, no count */
   uint64_t now = _keel_prim_clock_ms();
   if (now < __atomic_load_n(&gather_after_ms[cls], __ATOMIC_RELAXED)) return false;
   keel_lock(&registry_lock);

@@ -131,6 +131,8 @@ void _keel_prim_thread_forget_after_fork(void);
  * it see the caller's earlier stores. False where the kernel or a seccomp filter
  * refuses it; then it is never tried again. */
 bool _keel_prim_barrier_all_threads(void);
+/* Whether _keel_prim_barrier_all_threads was refused for good (it is not tried again). */
+bool _keel_prim_barrier_refused(void);
 /* Number of threads in this process still running, the caller included (0 if
  * unknown). A main thread that ended with pthread_exit does not count. */
 int _keel_prim_thread_count(void);

@@ -400,6 +400,8 @@ void _keel_prim_yield(void) { sched_yield(); }
 
 static _Atomic int barrier_state; /* 0 not registered (yet), 1 registered, 2 unavailable */
 
+bool _keel_prim_barrier_refused(void) { return atomic_load_explicit(&barrier_state, memory_order_relaxed) == 2; }
+
 bool _keel_prim_barrier_all_threads(void) {
   int saved = errno;
   bool ok = false;
