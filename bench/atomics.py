@@ -22,6 +22,7 @@ the allocator's functions only with --where. x86-64 only.
                              [--threads 2] [--scale 0.05] [--where] [--build-dir build]
     python3 bench/atomics.py --self-test
 """
+import functools
 import glob
 import os
 import re
@@ -124,6 +125,14 @@ def count(counts, kinds):
     return rmw, fences, by_fn
 
 
+@functools.lru_cache(maxsize=None)
+def kinds_of(library):
+    """classify() of a library's disassembly, once per library."""
+    dis = subprocess.run(["objdump", "-d", "--no-show-raw-insn", library], capture_output=True, text=True,
+                         check=True).stdout
+    return classify(dis)
+
+
 def libc_path():
     out = subprocess.run(["ldd", "/bin/true"], capture_output=True, text=True).stdout
     m = re.search(r"libc\.so\.6 => (\S+)", out)
@@ -145,9 +154,7 @@ def measure(prog, args, lib, tmp, env_extra):
         raise RuntimeError("%s failed under callgrind (exit %d): %s" % (prog, r.returncode, r.stderr[-400:]))
     name = os.path.basename(prog)
     pairs = PAIRS[name](r.stdout)
-    dis = subprocess.run(["objdump", "-d", "--no-show-raw-insn", target], capture_output=True, text=True,
-                         check=True).stdout
-    kinds = classify(dis)
+    kinds = kinds_of(target)
     counts = Counter()
     for path in glob.glob(os.path.join(tmp, "cg.*")):
         counts.update(parse_callgrind(path, lambda ob: os.path.realpath(ob) == target))

@@ -583,7 +583,6 @@ static void gather_act(keel_tcache_t* t, bool idle, stop_t* how) {
 /* Whether blocks went back to cls's slabs: gathered now, or by another thread since this
  * one read `seen` of _keel_gathers (before its take found no slab). */
 static bool gather(unsigned cls, uint64_t seen) {
-  if (!caches_stoppable()) return false; /* nothing could be taken: no lock, no count */
   uint64_t now = _keel_prim_clock_ms();
   if (now < __atomic_load_n(&gather_after_ms[cls], __ATOMIC_RELAXED)) return false;
   keel_lock(&registry_lock);
@@ -602,9 +601,11 @@ static bool gather(unsigned cls, uint64_t seen) {
 
 /* An empty bin's take from the slabs (the transfer cache was tried): of a class above
  * GATHER_MIN with other caches in use, a gather comes before a new slab. The first take
- * then costs a second round trip to the class's lock only where it would have grown. */
+ * then costs a second round trip to the class's lock only where it would have grown;
+ * where no cache can be stopped (no gather, no count) there is one take, as before. */
 static void* take_or_gather(unsigned cls, uint32_t want, uint32_t* got) {
-  if (_keel_classes[cls].size <= GATHER_MIN || one_cache()) return _keel_central_take_slabs(cls, want, got);
+  if (_keel_classes[cls].size <= GATHER_MIN || one_cache() || !caches_stoppable())
+    return _keel_central_take_slabs(cls, want, got);
   uint64_t seen = __atomic_load_n(&_keel_gathers, __ATOMIC_RELAXED);
   void* list = _keel_central_take_slabs_how(cls, want, got, KEEL_TAKE_NO_NEW_SLAB);
   if (list != NULL) return list;
