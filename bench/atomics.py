@@ -264,7 +264,7 @@ def main(argv=None):
             cells = []
             for a in allocs:
                 try:
-                    pairs, rmw, fences, by_fn = measure(path, argv, a.lib, tmp, env_extra)
+                    pairs, rmw, fences, by_fn = measure(path, argv, a.lib, tmp, dict(env_extra, **a.env))
                 except (RuntimeError, subprocess.CalledProcessError, AttributeError) as e:
                     print("atomics.py: %s under %s: %s" % (prog, a.name, e), file=sys.stderr)
                     return 1

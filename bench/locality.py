@@ -220,7 +220,7 @@ def main(argv=None):
         for a in allocs:
             trace = os.path.join(tmp, a.name + ".trace")
             preload = shim if a.lib is None else shim + " " + a.lib
-            env = dict(os.environ, LD_PRELOAD=preload, LOCALITY_TRACE=trace)
+            env = dict(os.environ, LD_PRELOAD=preload, LOCALITY_TRACE=trace, **a.env)
             r = subprocess.run(prog, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             if r.returncode != 0 or not os.path.exists(trace):
                 print("locality.py: %s under %s failed (exit %d): %s" %

@@ -8,7 +8,9 @@
 #       and variants to run beside them ("keel-NAME": builds of other commits or flags)
 #   bash bench/many_cores.sh run DIR OUT [THREADS]
 #       there: run.py, 3 alternated rounds per thread count, JSON and tables under OUT
-#       (PROGRAMS=a,b and RUNS=n narrow it: a lease is 15 minutes, starts included)
+#       (PROGRAMS=a,b and RUNS=n narrow it: a lease is 15 minutes, starts included;
+#       SETTINGS="own@KEEL_OWN_LINES=1 ..." adds libkeel.so run with those settings as
+#       "keel-own": a policy compared without a second build)
 #
 # Each program's work is shared among its threads, so the scale grows with the thread
 # count (threads/4: a run lasts about as long at 4, 8 and 16 threads) and the most
@@ -53,6 +55,7 @@ case "$cmd" in
       name=$(basename "$lib" .so); name=${name#lib}
       [[ -f "$lib" && "$name" != keel-base ]] && allocs+=",$name=$lib"
     done
+    for s in ${SETTINGS:-}; do allocs+=",keel-${s%%@*}=$dir/lib/libkeel.so@${s#*@}"; done
     progs=${PROGRAMS:-$(awk '!/^#/ && $2 == "yes" {printf "%s%s", sep, $1; sep=","}' "$here/bench/programs.txt")}
     { nproc; ldd --version 2>&1 | sed -n 1p; uname -r; grep -m1 'model name' /proc/cpuinfo; } > "$out/cpus.txt"
     for t in ${threads//,/ }; do

@@ -85,11 +85,12 @@ def multiarch_libdir():
 
 
 class Allocator:
-    def __init__(self, name, lib, problem=None, package=None):
+    def __init__(self, name, lib, problem=None, package=None, env=None):
         self.name = name
         self.lib = lib          # path for LD_PRELOAD, None for glibc
         self.problem = problem  # why it cannot be used, or None
         self.package = package
+        self.env = env or {}    # set for the program besides LD_PRELOAD (NAME=lib@VAR=VALUE)
 
     def fingerprint(self):
         """(real path, size, mtime) of the library, to notice a rebuild during a run."""
@@ -115,18 +116,26 @@ class Allocator:
         if self.lib is None:
             return "glibc " + (os.confstr("CS_GNU_LIBC_VERSION") or "").replace("glibc ", "")
         real = os.path.realpath(self.lib)
-        return self.lib if real == self.lib else "%s -> %s" % (self.lib, os.path.basename(real))
+        env = "".join(" %s=%s" % kv for kv in sorted(self.env.items()))
+        return (self.lib if real == self.lib else "%s -> %s" % (self.lib, os.path.basename(real))) + env
 
 
 def resolve_allocators(spec, build_dir):
     libdir = multiarch_libdir()
     out = []
     for item in [s.strip() for s in spec.split(",") if s.strip()]:
-        if "=" in item:  # custom: name=/path/to/lib.so
-            name, path = item.split("=", 1)
+        if "=" in item:  # custom: name=/path/to/lib.so, then @VAR=VALUE for each setting
+            name, rest = item.split("=", 1)
+            path, *settings = rest.split("@")
+            env = {}
+            for s in settings:
+                var, eq, value = s.partition("=")
+                if not eq or not var:
+                    raise SetupError("%s: '@%s' is not VAR=VALUE" % (name, s))
+                env[var] = value
             path = os.path.abspath(path)
             problem = None if os.path.isfile(path) else "%s: %s not found" % (name, path)
-            out.append(Allocator(name, path, problem))
+            out.append(Allocator(name, path, problem, env=env))
         elif item == "glibc":
             out.append(Allocator("glibc", None))
         elif item == "keel":
@@ -257,7 +266,7 @@ def run_once(prog_path, prog_args, alloc, measure, timeout, tmpdir, checksum=Tru
     """Runs one program under one allocator. Returns a result dict (ok=True/False). With
     checksum, its output must hold one 'checksum=' (bench/ programs); without, the caller
     checks it (bench/public.py)."""
-    env = dict(os.environ)
+    env = dict(os.environ, **alloc.env)
     env.pop("LD_PRELOAD", None)
     out_path = os.path.join(tmpdir, "stdout")
     err_path = os.path.join(tmpdir, "stderr")
@@ -437,7 +446,8 @@ def parse_args(argv):
                                         "(default: <build-dir>/bench)")
     ap.add_argument("--allocators", default=None,
                     help="comma-separated list from glibc,jemalloc,tcmalloc,mimalloc,keel, "
-                         "or NAME=/path/to/lib.so (default: %s; missing ones are then "
+                         "or NAME=/path/to/lib.so[@VAR=VALUE...], the settings in the "
+                         "program's environment (default: %s; missing ones are then "
                          "skipped with a warning, while a missing allocator that was asked "
                          "for explicitly is an error)" % DEFAULT_ALLOCATORS)
     ap.add_argument("--runs", type=int, default=3, help="runs per program and allocator (default 3)")
@@ -714,7 +724,7 @@ def main(argv=None):
                           "wait4's ru_maxrss (maxrss_kib)" if measure else
                           "os.wait4 from run.py (includes the Python process's RSS)",
             "allocators": {a.name: {"lib": a.lib, "real": os.path.realpath(a.lib) if a.lib else None,
-                                    "package": a.package, "sha256": hashes[a.name],
+                                    "env": a.env, "package": a.package, "sha256": hashes[a.name],
                                     "version": package_version(a.package) if a.package else
                                     (os.confstr("CS_GNU_LIBC_VERSION") if a.lib is None else None)}
                            for a in allocs},

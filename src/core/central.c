@@ -232,14 +232,21 @@ static inline bool partial_others(keel_central_t* cl, keel_slab_t* s) {
          (!s->sampled && (__atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) & ~(1u << s->home)) != 0);
 }
 
+/* Which slabs of other lines a take may adopt (partial_adopt). */
+typedef enum adopt_e {
+  ADOPT_ANY,       /* the next line's first, not its head where that has a second */
+  ADOPT_APART,     /* not a lone head another thread uses either (transfer.h, apart) */
+  ADOPT_OWN_LINES, /* nothing of a line another thread uses (transfer.h, own lines) */
+} adopt_t;
+
 /* Line's lock held, no slab on its list: a slab of another line's list that this line
  * takes over (the next line's first, not its head where that has a second: the head is
- * the one its line takes from; while apart (transfer.h), not a lone head that another
- * thread took from last and whose line was used in the last ticks either: its blocks
- * would share cache lines with that thread's; a thread that moved to another processor
- * takes its own back), with what it has out; NULL if there is none. Locks are taken in
- * line order: a line after this one's is waited for, one before only tried. */
-static keel_slab_t* partial_adopt(keel_central_t* cl, unsigned line, bool apart) {
+ * the one its line takes from; while apart, not a lone head that another thread took
+ * from last and whose line was used in the last ticks either: its blocks would share
+ * cache lines with that thread's; a thread that moved to another processor takes its own
+ * back), with what it has out; NULL if there is none. Locks are taken in line order: a
+ * line after this one's is waited for, one before only tried. */
+static keel_slab_t* partial_adopt(keel_central_t* cl, unsigned line, adopt_t rule) {
   uint32_t others = __atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) & ~(1u << line);
   while (others != 0) {
     uint32_t after = others >> line >> 1;
@@ -249,9 +256,10 @@ static keel_slab_t* partial_adopt(keel_central_t* cl, unsigned line, bool apart)
     if (from > line) keel_lock(&h->lock);
     else if (!keel_trylock(&h->lock)) continue;
     keel_slab_t* s = h->partial;
-    if (s != NULL && s->next != NULL) s = s->next;
-    else if (s != NULL && apart && h->taker != _keel_thread.tag && !_keel_transfer_line_idle(s->cls, from))
-      s = NULL; /* another thread's */
+    bool others_line = s != NULL && rule != ADOPT_ANY && h->taker != _keel_thread.tag &&
+                       !_keel_transfer_line_idle(s->cls, from); /* another thread works there */
+    if (others_line && (rule == ADOPT_OWN_LINES || s->next == NULL)) s = NULL;
+    else if (s != NULL && s->next != NULL) s = s->next;
     if (s != NULL) {
       partial_remove(cl, s);
       home_out_add(h, -(int64_t)s->used);
@@ -326,10 +334,12 @@ static void slab_rows_restore(keel_slab_t* s, const keel_class_t* k) {
   for (unsigned w = 1; w < s->ready; w++) KEEL_SLAB_BITS(s, w) = 0;
 }
 
-static keel_slab_t* slab_new(unsigned cls, bool sampled) {
+/* line: the line whose chunk it comes from (KEEL_OWN_LINES), or -1. */
+static keel_slab_t* slab_new(unsigned cls, bool sampled, int line) {
   const keel_class_t* k = &_keel_classes[cls];
   bool zeroed;
-  keel_slab_t* s = _keel_pageheap_alloc(k->units, 1, &zeroed);
+  keel_slab_t* s = line >= 0 ? _keel_pageheap_alloc_for_line(k->units, (unsigned)line, &zeroed)
+                             : _keel_pageheap_alloc(k->units, 1, &zeroed);
   if (s == NULL) return NULL;
   keel_chunk_t* c = keel_chunk_of(s);
   uint8_t tag = sampled ? KEEL_KIND_SAMPLED : (uint8_t)cls;
@@ -576,6 +586,7 @@ static inline keel_central_t* lock_line(unsigned cls, unsigned line) {
 void* _keel_central_take_slabs_how(unsigned cls, uint32_t want, uint32_t* got, keel_take_t how) {
   const keel_class_t* k = &_keel_classes[cls];
   bool apart = _keel_transfer_apart();
+  adopt_t adopt = !apart ? ADOPT_ANY : keel_opt(own_lines) ? ADOPT_OWN_LINES : ADOPT_APART;
   unsigned line = keel_many_cores() || apart ? _keel_transfer_home() : 0;
   keel_central_t* cl = lock_line(cls, line);
   keel_home_t* h = home_of(cl, line);
@@ -588,7 +599,7 @@ void* _keel_central_take_slabs_how(unsigned cls, uint32_t want, uint32_t* got, k
   while (n < want && !taken_full(&taken)) {
     keel_slab_t* s = h->partial;
     if (s == NULL && __atomic_load_n(&cl->partial_lines, __ATOMIC_RELAXED) != 0)
-      s = partial_adopt(cl, line, apart && how != KEEL_TAKE_ANY_LINE);
+      s = partial_adopt(cl, line, how == KEEL_TAKE_ANY_LINE ? ADOPT_ANY : adopt);
     if (s == NULL) {
       /* No slab with a free block: a parked batch goes back to its slabs rather than the
        * class taking a new slab beside it (a take too small for a batch - a young
@@ -605,7 +616,7 @@ void* _keel_central_take_slabs_how(unsigned cls, uint32_t want, uint32_t* got, k
         continue;
       }
       if (how == KEEL_TAKE_NO_NEW_SLAB) break;
-      s = slab_new(cls, false);
+      s = slab_new(cls, false, adopt == ADOPT_OWN_LINES ? (int)line : -1);
       if (s == NULL) break;
       grew = true;
       __atomic_store_n(&s->home, (uint8_t)line, __ATOMIC_RELAXED);
@@ -635,7 +646,7 @@ bool _keel_central_has_free(unsigned cls) {
 KEEL_COLD void* _keel_central_take_sampled(unsigned cls) {
   keel_central_t* cl = lock_line(cls, 0); /* profile-sample slabs are line 0's */
   keel_slab_t* s = cl->sampled_partial;
-  if (s == NULL && (s = slab_new(cls, true)) != NULL) partial_push(cl, s);
+  if (s == NULL && (s = slab_new(cls, true, -1)) != NULL) partial_push(cl, s);
   taken_t taken;
   taken_start(&taken, &_keel_classes[cls]);
   if (s != NULL) {

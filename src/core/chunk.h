@@ -54,7 +54,7 @@ typedef struct keel_chunk_s {
   uint64_t free_mask;  /* bit u: unit u is free */
   uint64_t dirty_mask; /* bit u: free unit u may still hold committed pages */
   uint32_t run;        /* longest run of free units (the list it is on) */
-  uint32_t pad;
+  uint32_t holder;     /* 1 + the line whose slabs it holds (KEEL_OWN_LINES), else 0 */
   uint64_t promoted_mask; /* units in huge pages Keel collapsed (KEEL_THP=dense): freed
                            * only whole, never trimmed or meshed */
   uint64_t promote_ms;    /* when the purger last looked for huge pages to collapse */

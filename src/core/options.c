@@ -74,6 +74,7 @@ static const opt_t OPTS[] = {
     {"child_purger", K_SIZE, AT_ANY_TIME, &_keel_options.child_purger, NULL},
     {"fine_classes", K_SIZE, AT_ANY_TIME, &_keel_options.fine_classes, NULL},
     {"cpus", K_SIZE, AT_START, &_keel_options.cpus, NULL},
+    {"own_lines", K_BOOL, AT_ANY_TIME, &_keel_options.own_lines, NULL},
     {"check", K_BOOL, AT_START, &_keel_options.check, NULL},
     {"check_guard", K_SIZE, AT_ANY_TIME, &_keel_options.check_guard, NULL},
     {"publish", K_BOOL, AT_ANY_TIME, &_keel_options.publish, NULL},

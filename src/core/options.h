@@ -39,6 +39,8 @@ typedef struct keel_options_s {
                                (0: at the fork) */
   uint64_t cpus;            /* KEEL_CPUS: processors the per-processor structures are sized
                                for (0: those the process may run on) */
+  bool own_lines;           /* KEEL_OWN_LINES: while threads are apart, a processor's line
+                               keeps its slabs, parked batches and chunk to itself */
 } keel_options_t;
 
 /* KEEL_THP: what Keel asks of transparent huge pages for the memory it maps. */

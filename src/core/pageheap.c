@@ -21,6 +21,11 @@ static uint64_t purged_bytes, purge_runs;
 static uint64_t last_purge_ms;
 static void* next_hint;
 
+/* KEEL_OWN_LINES: the chunk each line holds, and the purger tick of the line's last
+ * slab; a line without a new slab for two ticks no longer keeps its chunk from others. */
+static keel_chunk_t* line_chunk[KEEL_TRANSFER_LINES];
+static uint32_t line_tick[KEEL_TRANSFER_LINES];
+
 static unsigned longest_run(uint64_t m) {
   unsigned n = 0;
   while (m) {
@@ -106,6 +111,7 @@ static keel_chunk_t* chunk_new(void) {
  * KEEL_THP=always, which releases chunks without purging them first. */
 static void chunk_release(keel_chunk_t* c) {
   unsigned dirty = (unsigned)__builtin_popcountll(c->dirty_mask);
+  if (c->holder != 0) line_chunk[c->holder - 1] = NULL;
   _keel_thp_chunk_released(c);
   list_remove(c);
   chunk_count--;
@@ -154,26 +160,61 @@ static void give_units(keel_chunk_t* c, unsigned k, size_t n, uint64_t now) {
   dirty_units += n;
 }
 
-keel_slab_t* _keel_pageheap_alloc(size_t n, size_t align, bool* zeroed) {
-  keel_assert(n >= 1 && n < KEEL_CHUNK_UNITS);
-  keel_lock(&heap_lock);
-  keel_chunk_t* c = NULL;
-  int k = -1;
-  for (size_t r = n; r < KEEL_CHUNK_UNITS && k < 0; r++)
-    for (c = by_run[r]; c != NULL; c = c->next)
-      if ((k = find_run(c->free_mask, c->dirty_mask, n, align)) >= 0) break;
-  if (k < 0) {
-    c = chunk_new();
-    if (c) k = find_run(c->free_mask, c->dirty_mask, n, align);
-    if (k < 0) {
-      keel_unlock(&heap_lock);
-      return NULL;
-    }
-  }
+/* Lock held: the units run k..k+n-1 of c become a span. */
+static keel_slab_t* take_span(keel_chunk_t* c, int k, size_t n, bool* zeroed) {
   list_remove(c);
   *zeroed = take_units(c, (unsigned)k, n);
   list_insert(c);
-  keel_slab_t* head = &c->units[k];
+  return &c->units[k];
+}
+
+static bool held_by_other(const keel_chunk_t* c, unsigned line, uint32_t now) {
+  if (c->holder == 0 || c->holder == line + 1u || line >= KEEL_TRANSFER_LINES) return false;
+  return now - line_tick[c->holder - 1] < 2;
+}
+
+/* Lock held: the best-fitting chunk with a run of n free units (aligned), skipping those
+ * a working line other than `line` holds (none skipped for KEEL_TRANSFER_LINES); a new
+ * chunk if none fits. *k < 0 if out of memory. */
+static keel_chunk_t* chunk_fitting(size_t n, size_t align, unsigned line, int* k) {
+  uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  *k = -1;
+  for (size_t r = n; r < KEEL_CHUNK_UNITS; r++)
+    for (keel_chunk_t* c = by_run[r]; c != NULL; c = c->next)
+      if (!held_by_other(c, line, now) && (*k = find_run(c->free_mask, c->dirty_mask, n, align)) >= 0) return c;
+  keel_chunk_t* c = chunk_new();
+  if (c != NULL) *k = find_run(c->free_mask, c->dirty_mask, n, align);
+  return c;
+}
+
+keel_slab_t* _keel_pageheap_alloc(size_t n, size_t align, bool* zeroed) {
+  keel_assert(n >= 1 && n < KEEL_CHUNK_UNITS);
+  keel_lock(&heap_lock);
+  int k;
+  keel_chunk_t* c = chunk_fitting(n, align, KEEL_TRANSFER_LINES, &k);
+  keel_slab_t* head = k >= 0 ? take_span(c, k, n, zeroed) : NULL;
+  keel_unlock(&heap_lock);
+  return head;
+}
+
+KEEL_COLD keel_slab_t* _keel_pageheap_alloc_for_line(size_t n, unsigned line, bool* zeroed) {
+  keel_assert(n >= 1 && n < KEEL_CHUNK_UNITS && line < KEEL_TRANSFER_LINES);
+  keel_lock(&heap_lock);
+  line_tick[line] = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
+  keel_chunk_t* c = line_chunk[line];
+  int k = c != NULL && c->holder == line + 1u ? find_run(c->free_mask, c->dirty_mask, n, 1) : -1;
+  if (k < 0) {
+    c = chunk_fitting(n, 1, line, &k);
+    if (k < 0) c = chunk_fitting(n, 1, KEEL_TRANSFER_LINES, &k); /* no new chunk: any */
+    if (k >= 0) {
+      keel_chunk_t* was = line_chunk[line];
+      if (was != NULL && was->holder == line + 1u) was->holder = 0;
+      if (c->holder != 0) line_chunk[c->holder - 1] = NULL;
+      c->holder = line + 1u;
+      line_chunk[line] = c;
+    }
+  }
+  keel_slab_t* head = k >= 0 ? take_span(c, k, n, zeroed) : NULL;
   keel_unlock(&heap_lock);
   return head;
 }

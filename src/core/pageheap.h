@@ -14,6 +14,9 @@
 /* pageheap.c: spans of units, purging. Callers hold no central lock order violation:
  * lock order is central -> pageheap -> meta. */
 keel_slab_t* _keel_pageheap_alloc(size_t units, size_t align_units, bool* zeroed) KEEL_INTERNAL;
+/* The same for a slab of `line` with KEEL_OWN_LINES (transfer.h): from the chunk that
+ * line holds, else from one no working line holds, which it then holds. */
+keel_slab_t* _keel_pageheap_alloc_for_line(size_t units, unsigned line, bool* zeroed) KEEL_INTERNAL;
 void _keel_pageheap_free(keel_slab_t* head) KEEL_INTERNAL;
 bool _keel_pageheap_grow_in_place(keel_slab_t* head, size_t units) KEEL_INTERNAL;
 void _keel_pageheap_shrink(keel_slab_t* head, size_t units) KEEL_INTERNAL;

@@ -38,6 +38,7 @@ static int conf(void) {
   EXPECT_OPT("child_purger", "4194304"); /* the default, 4M */
   EXPECT_OPT("fine_classes", "4194304"); /* the default, 4M */
   EXPECT_OPT("cpus", "0");                /* the default: the processors the process has */
+  EXPECT_OPT("own_lines", "0");           /* the default: off */
   return 0;
 }
 
