@@ -16,26 +16,17 @@
  * third, more caches than processors), and threads are not kept apart.
  */
 #include "test.h"
+#include "two_processors.h"
 
 #include <pthread.h>
 #include <malloc.h>
-#include <sched.h>
 
 #define WORKING 1024
 #define SOLO_STEPS 200000
 #define STEPS 400000
 
 static void* set[2][WORKING];
-static int cpu_of[2];
-static int unpinned; /* a pin the system refused (seccomp, a narrower cpuset) */
 static pthread_barrier_t both;
-
-static void pin(int cpu) {
-  cpu_set_t s;
-  CPU_ZERO(&s);
-  CPU_SET(cpu, &s);
-  if (pthread_setaffinity_np(pthread_self(), sizeof s, &s) != 0) __atomic_store_n(&unpinned, 1, __ATOMIC_RELAXED);
-}
 
 static void step(void** ws, t_rng* r) {
   unsigned i = (unsigned)rng_range(r, 0, WORKING - 1);
@@ -64,27 +55,13 @@ static int cmp_line(const void* a, const void* b) {
 }
 
 int main(void) {
-  cpu_set_t allowed;
-  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) {
-    printf("SKIP: fewer than two processors to pin to\n");
-    return 77;
-  }
-  /* Two processors whose lines differ modulo 4 (the tag a parked batch carries). */
-  int found = 0;
-  for (int c = 0; c < CPU_SETSIZE && found < 2; c++)
-    if (CPU_ISSET(c, &allowed) && (found == 0 || (c & 3) != (cpu_of[0] & 3))) cpu_of[found++] = c;
-  if (found < 2) {
-    printf("SKIP: no two processors to pin to whose numbers differ modulo 4\n");
-    return 77;
-  }
+  int skip = choose_two_processors();
+  if (skip != 0) return skip;
   pthread_barrier_init(&both, NULL, 2);
   pthread_t t[2];
   for (intptr_t i = 0; i < 2; i++) CHECK(pthread_create(&t[i], NULL, worker, (void*)i) == 0);
   for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
-  if (unpinned) {
-    printf("SKIP: the system refused to pin a thread to a processor\n");
-    return 77;
-  }
+  if (pins_refused()) return 77;
 
   uintptr_t b_lines[WORKING];
   for (int i = 0; i < WORKING; i++) b_lines[i] = (uintptr_t)set[1][i] >> 6;

@@ -17,9 +17,9 @@
  * meanwhile (a third cache would outnumber the processors: threads would not be apart).
  */
 #include "test.h"
+#include "two_processors.h"
 
 #include <pthread.h>
-#include <sched.h>
 #include <stdbool.h>
 #include <sys/mman.h>
 
@@ -28,8 +28,6 @@
 #define SLOTS (1u << 22) /* block addresses the table holds: 4 Mi, 64 MiB of address space */
 
 static const size_t sizes[] = {24, 48, 64, 96, 128, 256, 512, 1000};
-static int cpu_of[2];
-static int unpinned;
 static pthread_barrier_t both;
 typedef struct slot_s {
   uintptr_t block; /* 0: empty */
@@ -38,12 +36,6 @@ typedef struct slot_s {
 static slot_t* table;
 static uint64_t mallocs[2], passed[2];
 
-static void pin(int cpu) {
-  cpu_set_t s;
-  CPU_ZERO(&s);
-  CPU_SET(cpu, &s);
-  if (pthread_setaffinity_np(pthread_self(), sizeof s, &s) != 0) __atomic_store_n(&unpinned, 1, __ATOMIC_RELAXED);
-}
 
 /* The block's slot, claimed if new. */
 static slot_t* slot_of(const void* p) {
@@ -86,28 +78,15 @@ static void* worker(void* arg) {
 }
 
 int main(void) {
-  cpu_set_t allowed;
-  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) {
-    printf("SKIP: fewer than two processors to pin to\n");
-    return 77;
-  }
-  int found = 0;
-  for (int c = 0; c < CPU_SETSIZE && found < 2; c++)
-    if (CPU_ISSET(c, &allowed) && (found == 0 || (c & 3) != (cpu_of[0] & 3))) cpu_of[found++] = c;
-  if (found < 2) {
-    printf("SKIP: no two processors to pin to whose numbers differ modulo 4\n");
-    return 77;
-  }
+  int skip = choose_two_processors();
+  if (skip != 0) return skip;
   table = mmap(NULL, SLOTS * sizeof(slot_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (!CHECK(table != MAP_FAILED)) return test_finish();
   pthread_barrier_init(&both, NULL, 2);
   pthread_t t[2];
   for (intptr_t i = 0; i < 2; i++) CHECK(pthread_create(&t[i], NULL, worker, (void*)i) == 0);
   for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
-  if (unpinned) {
-    printf("SKIP: the system refused to pin a thread to a processor\n");
-    return 77;
-  }
+  if (pins_refused()) return 77;
   uint64_t all = mallocs[0] + mallocs[1], got = passed[0] + passed[1];
   printf("processors %d and %d: %llu of %llu mallocs got a block the other thread freed (%.1f per 1,000)\n",
          cpu_of[0], cpu_of[1], (unsigned long long)got, (unsigned long long)all, 1000.0 * (double)got / (double)all);
