@@ -134,8 +134,11 @@ void** _keel_transfer_room(unsigned cls) {
    * its processor: where this was measured), a batch that does not fit on the thread's
    * own line goes to its slabs (its line's, central.c), not to another core. Threads
    * that outnumber the lines share them, and the other lines are the room for bursts,
-   * as on few cores. */
-  bool own_line = keel_many_cores() && __atomic_load_n(&_keel_live_caches, __ATOMIC_RELAXED) <= used;
+   * as on few cores. With own lines (transfer.h), on any machine while threads are
+   * apart: then no thread parks a batch on another's line, where that thread would take
+   * it. */
+  bool own_line = (keel_many_cores() && __atomic_load_n(&_keel_live_caches, __ATOMIC_RELAXED) <= used) ||
+                  _keel_transfer_own_lines();
   unsigned tries = own_line ? 1 : used;
   for (unsigned i = 0; i < tries; i++) {
     transfer_line_t* l = line_of((home + i) & (used - 1), cls);
@@ -197,18 +200,16 @@ void* _keel_transfer_get(unsigned cls, uint32_t* n, bool* indexed) {
    * still uses, and two cores writing one line cost a fifth of glibc's
    * bench-malloc-thread at two threads (design.md, "Threads apart"). The own line is
    * not filtered: filtering it too took mpmcmix at 2 threads from 0.09 to 3.2 lock
-   * trips per 1,000 pairs; with own lines it is (transfer.h). `home` is the slabs' home
-   * line modulo 4 (both count from line_base and use at least four lines once spread). */
+   * trips per 1,000 pairs. `home` is the slabs' home line modulo 4 (both count from
+   * line_base and use at least four lines once spread). */
   uintptr_t mine = _keel_transfer_apart() ? HOME_TAG(home) : ~(uintptr_t)0;
-  unsigned unfiltered = keel_opt(own_lines) ? 0 : 1; /* lines i below it take any batch */
   /* The slots a put may fill: a line's cap, or all of them on lines filled before the
    * process spread (line 0 with the one-line cap) - cheap to look at, never missed. */
   for (unsigned i = 0; i < used; i++) {
     transfer_line_t* l = line_of((home + i) & (used - 1), cls);
     for (unsigned s = 0; s < LINE_SLOTS; s++) {
       void* seen = __atomic_load_n(&l->slot[s], __ATOMIC_RELAXED);
-      if (seen == NULL || (i >= unfiltered && mine != ~(uintptr_t)0 && ((uintptr_t)seen & HOME_TAG(3u)) != mine))
-        continue;
+      if (seen == NULL || (i > 0 && mine != ~(uintptr_t)0 && ((uintptr_t)seen & HOME_TAG(3u)) != mine)) continue;
       void* e = __atomic_exchange_n(&l->slot[s], NULL, __ATOMIC_ACQUIRE);
       if (e != NULL) {
         stamp(l);

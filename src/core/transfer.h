@@ -30,10 +30,10 @@ unsigned _keel_transfer_home(void) KEEL_INTERNAL;  /* the calling thread's line 
  * from one list: split by processor, its blocks would spread over a slab per processor
  * it was moved to. */
 bool _keel_transfer_apart(void) KEEL_INTERNAL;
-/* Apart with KEEL_OWN_LINES: a line also keeps to itself the batches other threads park
- * on it that hold its neighbours' blocks, the slabs of a line whose thread still works
- * (central.c), and a chunk of units (pageheap.c), so that no block and no line of blocks
- * passes between two busy processors. */
+/* Apart with KEEL_OWN_LINES: a thread parks batches on its own line only, the rest going
+ * to its slabs, a take adopts no slab of a line whose thread still works (central.c), and
+ * a line's slabs come from a chunk it holds (pageheap.c), so that no block and no line of
+ * blocks passes between two busy processors. */
 bool _keel_transfer_own_lines(void) KEEL_INTERNAL;
 /* Many processors: the process has spread over 8 lines or more (five processors or more,
  * or KEEL_CPUS). Every line then has a core behind it, and a block that goes from one
