@@ -91,12 +91,12 @@ OPTIONS: tuple[KeelOption, ...] = (
                "handed to another core. Read once, when a second thread starts working."),
     KeelOption("KEEL_OWN_LINES", "bool", "off",
                "While the threads are no more than the processors, each processor keeps to "
-               "itself its slabs, the batches other threads park on its line that hold "
-               "blocks of other processors' slabs, and a chunk of memory, so that no block "
-               "and no cache line of blocks passes between two busy cores. Less CPU time "
-               "where threads each work through many blocks (bench/workset at 2 threads: "
-               "1.21x less), more peak RSS and time where threads come and go or pass blocks "
-               "to each other (up to 1.3x on 2 cores). Off until measured on many cores."),
+               "itself its slabs, its transfer line (a thread parks freed batches on its own "
+               "line only) and a chunk of memory, so that no block and no cache line of "
+               "blocks passes between two busy cores. Less CPU time where threads each work "
+               "through many blocks (bench/workset at 2 threads: 1.25x less), more peak RSS "
+               "where threads come and go (bench/threadchurn 1.25x on 2 cores). Off until "
+               "measured on many cores."),
     KeelOption("KEEL_CHILD_PURGER", "size (K/M/G)", "4M",
                "A forked child starts its own purger thread only once it has taken this "
                "much memory in spans and huge blocks since the fork (0: at the fork): "
