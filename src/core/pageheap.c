@@ -179,6 +179,11 @@ static bool held_by_other(const keel_chunk_t* c, unsigned line, uint32_t now) {
 static keel_chunk_t* chunk_fitting(size_t n, size_t align, unsigned line, int* k) {
   uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
   *k = -1;
+  if (line < KEEL_TRANSFER_LINES) /* a line's: resident units first, then fresh ones */
+    for (size_t r = n; r < KEEL_CHUNK_UNITS; r++)
+      for (keel_chunk_t* c = by_run[r]; c != NULL; c = c->next)
+        if (!held_by_other(c, line, now) && (*k = find_run(c->free_mask & c->dirty_mask, c->dirty_mask, n, align)) >= 0)
+          return c;
   for (size_t r = n; r < KEEL_CHUNK_UNITS; r++)
     for (keel_chunk_t* c = by_run[r]; c != NULL; c = c->next)
       if (!held_by_other(c, line, now) && (*k = find_run(c->free_mask, c->dirty_mask, n, align)) >= 0) return c;
@@ -202,7 +207,7 @@ KEEL_COLD keel_slab_t* _keel_pageheap_alloc_for_line(size_t n, unsigned line, bo
   keel_lock(&heap_lock);
   line_tick[line] = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
   keel_chunk_t* c = line_chunk[line];
-  int k = c != NULL && c->holder == line + 1u ? find_run(c->free_mask, c->dirty_mask, n, 1) : -1;
+  int k = c != NULL && c->holder == line + 1u ? find_run(c->free_mask & c->dirty_mask, c->dirty_mask, n, 1) : -1;
   if (k < 0) {
     c = chunk_fitting(n, 1, line, &k);
     if (k < 0) c = chunk_fitting(n, 1, KEEL_TRANSFER_LINES, &k); /* no new chunk: any */
