@@ -174,20 +174,18 @@ static bool held_by_other(const keel_chunk_t* c, unsigned line, uint32_t now) {
 }
 
 /* Lock held: the best-fitting chunk with a run of n free units (aligned), skipping those
- * a working line other than `line` holds (none skipped for KEEL_TRANSFER_LINES); a new
- * chunk if none fits. *k < 0 if out of memory. */
-static keel_chunk_t* chunk_fitting(size_t n, size_t align, unsigned line, int* k) {
+ * a working line other than `line` holds (none skipped for KEEL_TRANSFER_LINES); with
+ * `resident`, only a run of units still resident, else a new chunk if none fits. *k < 0
+ * if none. */
+static keel_chunk_t* chunk_fitting(size_t n, size_t align, unsigned line, bool resident, int* k) {
   uint32_t now = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
-  *k = -1;
-  if (line < KEEL_TRANSFER_LINES) /* a line's: resident units first, then fresh ones */
-    for (size_t r = n; r < KEEL_CHUNK_UNITS; r++)
-      for (keel_chunk_t* c = by_run[r]; c != NULL; c = c->next)
-        if (!held_by_other(c, line, now) && (*k = find_run(c->free_mask & c->dirty_mask, c->dirty_mask, n, align)) >= 0)
-          return c;
   for (size_t r = n; r < KEEL_CHUNK_UNITS; r++)
     for (keel_chunk_t* c = by_run[r]; c != NULL; c = c->next)
-      if (!held_by_other(c, line, now) && (*k = find_run(c->free_mask, c->dirty_mask, n, align)) >= 0) return c;
-  keel_chunk_t* c = chunk_new();
+      if (!held_by_other(c, line, now) &&
+          (*k = find_run(resident ? c->free_mask & c->dirty_mask : c->free_mask, c->dirty_mask, n, align)) >= 0)
+        return c;
+  *k = -1;
+  keel_chunk_t* c = resident ? NULL : chunk_new();
   if (c != NULL) *k = find_run(c->free_mask, c->dirty_mask, n, align);
   return c;
 }
@@ -196,7 +194,7 @@ keel_slab_t* _keel_pageheap_alloc(size_t n, size_t align, bool* zeroed) {
   keel_assert(n >= 1 && n < KEEL_CHUNK_UNITS);
   keel_lock(&heap_lock);
   int k;
-  keel_chunk_t* c = chunk_fitting(n, align, KEEL_TRANSFER_LINES, &k);
+  keel_chunk_t* c = chunk_fitting(n, align, KEEL_TRANSFER_LINES, false, &k);
   keel_slab_t* head = k >= 0 ? take_span(c, k, n, zeroed) : NULL;
   keel_unlock(&heap_lock);
   return head;
@@ -206,18 +204,20 @@ KEEL_COLD keel_slab_t* _keel_pageheap_alloc_for_line(size_t n, unsigned line, bo
   keel_assert(n >= 1 && n < KEEL_CHUNK_UNITS && line < KEEL_TRANSFER_LINES);
   keel_lock(&heap_lock);
   line_tick[line] = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
-  keel_chunk_t* c = line_chunk[line];
-  int k = c != NULL && c->holder == line + 1u ? find_run(c->free_mask & c->dirty_mask, c->dirty_mask, n, 1) : -1;
-  if (k < 0) {
-    c = chunk_fitting(n, 1, line, &k);
-    if (k < 0) c = chunk_fitting(n, 1, KEEL_TRANSFER_LINES, &k); /* no new chunk: any */
-    if (k >= 0) {
-      keel_chunk_t* was = line_chunk[line];
-      if (was != NULL && was->holder == line + 1u) was->holder = 0;
-      if (c->holder != 0) line_chunk[c->holder - 1] = NULL;
-      c->holder = line + 1u;
-      line_chunk[line] = c;
-    }
+  /* Resident units before fresh ones (the line's own, then those of a chunk no working
+   * line holds), so that the line's memory is no more than it uses. */
+  keel_chunk_t* own = line_chunk[line] != NULL && line_chunk[line]->holder == line + 1u ? line_chunk[line] : NULL;
+  keel_chunk_t* c = own;
+  int k = own != NULL ? find_run(own->free_mask & own->dirty_mask, own->dirty_mask, n, 1) : -1;
+  if (k < 0) c = chunk_fitting(n, 1, line, true, &k);
+  if (k < 0 && own != NULL) k = find_run((c = own)->free_mask, own->dirty_mask, n, 1);
+  if (k < 0) c = chunk_fitting(n, 1, line, false, &k);
+  if (k < 0) c = chunk_fitting(n, 1, KEEL_TRANSFER_LINES, false, &k); /* no new chunk: any */
+  if (k >= 0 && c != own) {
+    if (own != NULL) own->holder = 0;
+    if (c->holder != 0) line_chunk[c->holder - 1] = NULL;
+    c->holder = line + 1u;
+    line_chunk[line] = c;
   }
   keel_slab_t* head = k >= 0 ? take_span(c, k, n, zeroed) : NULL;
   keel_unlock(&heap_lock);
