@@ -94,8 +94,8 @@ OPTIONS: tuple[KeelOption, ...] = (
                "itself its slabs, its transfer line (a thread parks freed batches on its own "
                "line only) and a chunk of memory, so that no block and no cache line of "
                "blocks passes between two busy cores. Less CPU time where threads each work "
-               "through many blocks (bench/workset at 2 threads: 1.25x less), more peak RSS "
-               "where threads come and go (bench/threadchurn 1.25x on 2 cores). Off until "
+               "through many blocks (bench/workset at 2 threads: 1.26x less), more peak RSS "
+               "where threads come and go (bench/threadchurn 1.14x on 2 cores). Off until "
                "measured on many cores."),
     KeelOption("KEEL_CHILD_PURGER", "size (K/M/G)", "4M",
                "A forked child starts its own purger thread only once it has taken this "
