@@ -168,6 +168,8 @@ static keel_slab_t* take_span(keel_chunk_t* c, int k, size_t n, bool* zeroed) {
   return &c->units[k];
 }
 
+/* Whether c is held by a line other than `line` that made a slab in the last two ticks
+ * (line KEEL_TRANSFER_LINES: no line's request, for which nothing is held). */
 static bool held_by_other(const keel_chunk_t* c, unsigned line, uint32_t now) {
   if (c->holder == 0 || c->holder == line + 1u || line >= KEEL_TRANSFER_LINES) return false;
   return now - line_tick[c->holder - 1] < 2;
