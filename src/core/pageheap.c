@@ -208,7 +208,8 @@ KEEL_COLD keel_slab_t* _keel_pageheap_alloc_for_line(size_t n, unsigned line, bo
   line_tick[line] = (uint32_t)__atomic_load_n(&_keel_ticks, __ATOMIC_RELAXED);
   /* Resident units before fresh ones (the line's own, then those of a chunk no working
    * line holds), so that the line's memory is no more than it uses. */
-  keel_chunk_t* own = line_chunk[line] != NULL && line_chunk[line]->holder == line + 1u ? line_chunk[line] : NULL;
+  keel_chunk_t* own = line_chunk[line]; /* a chunk's hold and its line's entry change together */
+  keel_assert(own == NULL || own->holder == line + 1u);
   keel_chunk_t* c = own;
   int k = own != NULL ? find_run(own->free_mask & own->dirty_mask, own->dirty_mask, n, 1) : -1;
   if (k < 0) c = chunk_fitting(n, 1, line, true, &k);
